@@ -1,0 +1,45 @@
+# moecomm: `make run` builds and runs the benchmark (mc-bench), `make test`
+# builds and runs every test: the suite, then again under ASan+UBSan and
+# TSan, valgrind on a subset, and an install + link check. Build trees:
+# build/ (release with debug info), build-asan/, build-tsan/.
+BUILD ?= build
+JOBS ?= 2
+ARGS ?=
+CMAKE_FLAGS ?=
+
+.PHONY: all build run test test-fast test-asan test-tsan test-valgrind test-install clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) > /dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+run: build
+	./scripts/run.sh $(BUILD) $(ARGS)
+
+test: test-fast test-asan test-tsan test-valgrind test-install
+	@echo "make test: every suite passed"
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+test-asan:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=address,undefined -DMC_BUILD_TOOLS=OFF > /dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j$(JOBS)
+
+test-tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=thread -DMC_BUILD_TOOLS=OFF > /dev/null
+	cmake --build build-tsan -j$(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j$(JOBS)
+
+test-valgrind: build
+	./scripts/valgrind.sh $(BUILD)
+
+test-install: build
+	./scripts/check_install.sh $(BUILD)
+
+clean:
+	rm -rf build build-asan build-tsan

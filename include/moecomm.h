@@ -1,0 +1,310 @@
+/*
+ * moecomm.h - Mixture-of-Experts token dispatch and combine under expert
+ * parallelism. The one public header of libmoecomm.
+ *
+ * Model of use (every rank of the job, every MoE layer):
+ *
+ *   router -> indices[m][k] (int32 global expert ids), weights[m][k] (fp32)
+ *   mc_dispatch(a2a, tokens, scales, indices, weights, m, ...)
+ *       -> expert_x[local_expert][slot][token_bytes], expert_count[local_expert]
+ *   the caller's grouped GEMM: expert_x -> expert_y[local_expert][slot][hidden]
+ *   mc_combine(a2a, expert_y, out, ...)
+ *       -> out[token][hidden] = sum over the token's experts of weight * y
+ *
+ * Conventions that hold for every call:
+ * - Every call returns an mc_result_t; MC_SUCCESS is 0. mc_result_string()
+ *   names a code; mc_comm_last_error() / mc_a2a_last_error() give the details
+ *   of the last failure on that handle (which argument, which value, which
+ *   rank); mc_last_error() gives them for calls that failed before a handle
+ *   existed (the *_create functions), per thread.
+ * - A call that fails with MC_ERR_INVALID_ARG or MC_ERR_INVALID_USAGE changed
+ *   nothing: no byte was sent, the handle is usable as before.
+ * - The library never calls exit() or abort() and never lets a C++ exception
+ *   out. Every wait is bounded by the communicator's timeout.
+ * - Handles are not thread-safe: one thread at a time per handle. Different
+ *   handles may be used from different threads at once.
+ * - Pointers passed in are borrowed for the duration of the call only, unless
+ *   a comment says otherwise.
+ */
+#ifndef MOECOMM_H
+#define MOECOMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MC_API
+#else
+#define MC_API __attribute__((visibility("default")))
+#endif
+
+/* ---- version ----------------------------------------------------------- */
+
+#define MC_VERSION_MAJOR 0
+#define MC_VERSION_MINOR 1
+#define MC_VERSION_PATCH 0
+/* One integer that compares in release order: 0.1.0 -> 100. */
+#define MC_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define MC_VERSION MC_VERSION_CODE(MC_VERSION_MAJOR, MC_VERSION_MINOR, MC_VERSION_PATCH)
+
+/* The version of the library actually loaded (MC_VERSION of its build).
+ * A program built against a newer header than the library it runs with can
+ * compare the two. */
+MC_API int mc_version(void);
+
+/* ---- results ----------------------------------------------------------- */
+
+typedef enum mc_result {
+  MC_SUCCESS = 0,
+  MC_ERR_INVALID_ARG = 1,   /* an argument broke a documented rule; nothing changed */
+  MC_ERR_INVALID_USAGE = 2, /* calls out of order (combine before dispatch, recv before send) */
+  MC_ERR_TIMEOUT = 3,       /* a peer did not arrive in time; the text names phase and rank */
+  MC_ERR_UNSUPPORTED = 4,   /* a transport or option this build or machine does not have */
+  MC_ERR_SYSTEM = 5,        /* the OS refused (memory, shared memory, sockets); errno in the text */
+  MC_ERR_BOOTSTRAP = 6,     /* the out-of-band exchange failed or was refused */
+  MC_ERR_CUDA = 7,          /* a CUDA runtime call failed */
+  MC_ERR_NVSHMEM = 8,       /* an NVSHMEM call failed */
+  MC_ERR_ABORTED = 9,       /* the handle failed earlier (timeout); destroy it */
+  MC_ERR_INTERNAL = 10      /* a bug in moecomm; please report the text */
+} mc_result_t;
+
+/* A static string naming a result code ("MC_ERR_TIMEOUT: ..."). Never NULL. */
+MC_API const char *mc_result_string(mc_result_t result);
+
+/* Details of the last failure of a *_create call made by this thread
+ * (thread-local; "" when there was none). Valid until this thread's next
+ * moecomm call. */
+MC_API const char *mc_last_error(void);
+
+/* ---- enumerations ------------------------------------------------------ */
+
+typedef enum mc_transport {
+  MC_TRANSPORT_AUTO = 0,    /* best available: p2p, then nvshmem, then cpu */
+  MC_TRANSPORT_CPU = 1,     /* host threads or processes over shared memory */
+  MC_TRANSPORT_NVSHMEM = 2, /* GPU kernels over NVSHMEM (NVLink, IB, EFA) */
+  MC_TRANSPORT_P2P = 3      /* GPU kernels over peer-mapped memory (one NVLink domain) */
+} mc_transport_t;
+
+/* A static name: "auto", "cpu", "nvshmem", "p2p" (NULL for an unknown value). */
+MC_API const char *mc_transport_name(mc_transport_t transport);
+
+typedef enum mc_dtype {
+  MC_DTYPE_FP32 = 0,
+  MC_DTYPE_BF16 = 1,
+  MC_DTYPE_FP16 = 2
+} mc_dtype_t;
+
+/* Size in bytes of one element (4, 2, 2); 0 for an unknown value. */
+MC_API size_t mc_dtype_size(mc_dtype_t dtype);
+
+/* Flags of mc_dispatch / mc_combine: which half to run. */
+#define MC_SEND 1u
+#define MC_RECV 2u
+#define MC_SEND_RECV (MC_SEND | MC_RECV)
+
+/* ---- out-of-band bootstrap --------------------------------------------- */
+
+/* Gather `bytes` bytes from every rank into `recv` (world_size * bytes,
+ * rank order), collectively across the job. Return 0 on success, non-zero on
+ * failure. It must itself be bounded in time. torch.distributed's
+ * all_gather_into_tensor over a CPU group, MPI_Allgather, or the helpers
+ * below can serve. */
+typedef int (*mc_allgather_fn)(const void *send, void *recv, size_t bytes, void *user);
+
+typedef struct mc_oob {
+  mc_allgather_fn allgather;
+  void *user; /* passed back to allgather untouched */
+  int rank;
+  int world_size;
+} mc_oob_t;
+
+/* -- helper 1: ranks as threads of one process. --
+ * Create one object for the whole job, give each thread its rank's oob with
+ * mc_oob_threads_get, destroy it after every communicator built from it has
+ * been destroyed. A thread that does not arrive within timeout_ms makes the
+ * others' allgather fail instead of hanging. */
+typedef struct mc_oob_threads mc_oob_threads_t;
+MC_API mc_result_t mc_oob_threads_create(int world_size, int timeout_ms, mc_oob_threads_t **out);
+MC_API mc_result_t mc_oob_threads_get(mc_oob_threads_t *group, int rank, mc_oob_t *out);
+MC_API void mc_oob_threads_destroy(mc_oob_threads_t *group);
+
+/* -- helper 2: processes on one host, through a unique id. --
+ * Rank 0 calls mc_unique_id_create(), which opens a listening TCP socket
+ * (loopback unless MC_BOOTSTRAP_ADDR names another IPv4 address) and draws a
+ * random 128-bit secret; the id carries both. Rank 0 hands the id to the
+ * other processes by any means (file, pipe, its own launcher); every process,
+ * rank 0 included, then calls mc_oob_socket_create with it. Connections that
+ * do not present the secret, name a bad rank, or announce messages larger
+ * than the agreed size are refused. Every wait is bounded by timeout_ms. */
+#define MC_UNIQUE_ID_BYTES 128
+typedef struct mc_unique_id {
+  char internal[MC_UNIQUE_ID_BYTES];
+} mc_unique_id_t;
+
+MC_API mc_result_t mc_unique_id_create(mc_unique_id_t *out);
+typedef struct mc_oob_socket mc_oob_socket_t;
+MC_API mc_result_t mc_oob_socket_create(const mc_unique_id_t *id, int rank, int world_size,
+                                        int timeout_ms, mc_oob_socket_t **out);
+MC_API mc_result_t mc_oob_socket_get(mc_oob_socket_t *sock, mc_oob_t *out);
+MC_API void mc_oob_socket_destroy(mc_oob_socket_t *sock);
+
+/* ---- communicator ------------------------------------------------------ */
+
+typedef struct mc_comm mc_comm_t;
+
+/* Versioned configuration: always start from MC_COMM_CONFIG_INITIALIZER so
+ * fields added later get their defaults and `size` tells the library which
+ * version of the struct the caller was built with. */
+typedef struct mc_comm_config {
+  size_t size;              /* sizeof(mc_comm_config_t), set by the initializer */
+  unsigned int version;     /* MC_VERSION, set by the initializer */
+  int group_size;           /* ranks that hold the same tokens; divides world_size. Default 1 */
+  mc_transport_t transport; /* default MC_TRANSPORT_AUTO */
+  int timeout_ms;           /* bound of every wait, ms; 0: env MC_TIMEOUT_MS, else 10000 */
+  int device;               /* CUDA device of this rank for GPU transports; -1: current */
+} mc_comm_config_t;
+
+#define MC_COMM_CONFIG_INITIALIZER \
+  { sizeof(mc_comm_config_t), MC_VERSION, 1, MC_TRANSPORT_AUTO, 0, -1 }
+
+/* Collective over the oob: every rank calls it with the same group_size and
+ * transport. Picks the transport (AUTO: the best this build and machine
+ * offer; mc_comm_transport() says which). The comm keeps a copy of *oob and
+ * uses its allgather in mc_a2a_create and mc_comm_destroy; the oob must stay
+ * alive until mc_comm_destroy returns. On failure *out is NULL and
+ * mc_last_error() has the details. */
+MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config,
+                                  mc_comm_t **out);
+
+/* Releases the communicator. Every a2a handle made from it must have been
+ * destroyed first (MC_ERR_INVALID_USAGE otherwise, and nothing is freed).
+ * NULL is accepted. Local only: it does not wait for peers. */
+MC_API mc_result_t mc_comm_destroy(mc_comm_t *comm);
+
+MC_API int mc_comm_rank(const mc_comm_t *comm);
+MC_API int mc_comm_world_size(const mc_comm_t *comm);
+MC_API int mc_comm_group_size(const mc_comm_t *comm);
+MC_API mc_transport_t mc_comm_transport(const mc_comm_t *comm);
+/* Details of the last failure on this communicator ("" if none). */
+MC_API const char *mc_comm_last_error(const mc_comm_t *comm);
+
+/* ---- all-to-all handle ------------------------------------------------- */
+
+typedef struct mc_a2a mc_a2a_t;
+
+typedef struct mc_a2a_config {
+  size_t size;                /* sizeof(mc_a2a_config_t), set by the initializer */
+  unsigned int version;       /* MC_VERSION, set by the initializer */
+  int max_tokens;             /* most tokens one group feeds into one call (>= 1) */
+  int num_experts;            /* global experts; divisible by world_size */
+  int experts_per_token;      /* top-k, 1..MC_MAX_TOPK */
+  size_t token_bytes;         /* payload bytes per token; multiple of 16 */
+  size_t scale_bytes;         /* scale bytes per token; multiple of 4; 0 = no scales */
+  int hidden;                 /* combine row length in elements; multiple of 8 */
+  mc_dtype_t combine_in_dtype;  /* dtype of expert_y, and of rows on the wire */
+  mc_dtype_t combine_out_dtype; /* dtype of out */
+} mc_a2a_config_t;
+
+#define MC_MAX_TOPK 16
+
+#define MC_A2A_CONFIG_INITIALIZER \
+  { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16 }
+
+/* Collective over the communicator: every rank passes the same config.
+ * Allocates the receive buffers (see mc_a2a_stats_t.buffer_bytes) and
+ * exchanges their addresses. On failure *out is NULL and mc_comm_last_error()
+ * has the details. */
+MC_API mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out);
+
+/* Releases the buffers. Local: does not wait for peers; call it after the
+ * last combine has returned on every rank (for example after a barrier of the
+ * application) so no peer still writes into them. NULL is accepted. */
+MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
+
+/* Slots per local expert that the caller must provide in expert_x,
+ * expert_scale and expert_y: num_groups * max_tokens (a local expert can
+ * receive every token of every group). */
+MC_API int mc_a2a_expert_capacity(const mc_a2a_t *a2a);
+MC_API int mc_a2a_num_local_experts(const mc_a2a_t *a2a);
+
+/* Details of the last failure on this handle ("" if none). */
+MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
+
+/* Dispatch: send each token once to every rank that holds one of its top-k
+ * experts; receive this rank's tokens into the batched layout.
+ *
+ * Send half (flags & MC_SEND) reads:
+ *   tokens   [m][token_bytes]          16-byte aligned
+ *   scales   [m][scale_bytes]          4-byte aligned; NULL iff scale_bytes == 0
+ *   indices  [m][experts_per_token]    int32 global expert ids, distinct per token
+ *   weights  [m][experts_per_token]    fp32 router weights; NULL means all 1.0.
+ *                                      They travel with the token so that combine
+ *                                      can reduce a token's experts where they live.
+ *   m        rows present, 0..max_tokens
+ *   bound_m  optional: number of valid rows, *bound_m <= m, read at call time
+ *            (device memory on GPU transports, host memory on cpu). Rows past it
+ *            are ignored.
+ * Every rank of a group passes the same tokens, indices, weights and m; each
+ * sends a share of them.
+ *
+ * Recv half (flags & MC_RECV) writes:
+ *   expert_x     [num_local_experts][capacity][token_bytes]  16-byte aligned
+ *   expert_scale [num_local_experts][capacity][scale_bytes]  NULL iff scale_bytes == 0
+ *   expert_count [num_local_experts] int32: valid slots per local expert.
+ * Slots of an expert are ordered by (source group, token index): the result
+ * is the same bytes for the same inputs, every time.
+ * Slots past expert_count are not written.
+ *
+ * When both halves are separate calls, pass the same pointers to both (each
+ * half checks only what it uses). The send half never waits for a peer;
+ * the recv half waits only for the tokens it needs. stream: a cudaStream_t
+ * for GPU transports, ignored by cpu.
+ * Returns MC_ERR_INVALID_ARG (bad argument: nothing sent), MC_ERR_INVALID_USAGE
+ * (out of order), MC_ERR_TIMEOUT (a peer's tokens did not arrive; the handle is
+ * then aborted), MC_ERR_ABORTED (an earlier failure). */
+MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales,
+                               const int32_t *indices, const float *weights, int m,
+                               const int32_t *bound_m, void *expert_x, void *expert_scale,
+                               int32_t *expert_count, unsigned int flags, void *stream);
+
+/* Combine: send each expert's outputs back, summed with the router weights.
+ *
+ * Send half reads expert_y [num_local_experts][capacity][hidden] in
+ * combine_in_dtype (16-byte aligned), only the slots that the matching
+ * dispatch filled. For each (token, rank holding its experts) it sends one
+ * row: the fp32 sum, over that rank's experts of the token in ascending
+ * order, of weight * y, rounded to combine_in_dtype, to every rank of the
+ * token's group.
+ * Recv half writes out [m][hidden] in combine_out_dtype (16-byte aligned)
+ * for the rows 0..bound_m-1 of the matching dispatch: the fp32 sum of the
+ * received rows in ascending source-rank order, rounded once. Rows past
+ * bound_m are not written. Every rank of a group gets every row.
+ * The recv half also completes the round: when it returns, every rank has
+ * finished reading this round's dispatch buffers, so the next dispatch may
+ * start.
+ * Returns as mc_dispatch. */
+MC_API mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags,
+                              void *stream);
+
+/* What the handle moved and holds, counted by the library itself. */
+typedef struct mc_a2a_stats {
+  size_t size;                    /* sizeof(mc_a2a_stats_t): set it before the call */
+  uint64_t rounds;                /* completed dispatch+combine rounds */
+  uint64_t dispatch_records_sent; /* one per (token, destination rank), this rank, all rounds */
+  uint64_t dispatch_bytes_sent;   /* bytes of those records incl. headers and meta */
+  uint64_t combine_rows_sent;     /* one per (token, expert rank, rank of the group) */
+  uint64_t combine_bytes_sent;
+  uint64_t buffer_bytes;          /* receive buffers + signals this rank allocated */
+} mc_a2a_stats_t;
+
+MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOECOMM_H */

@@ -1,0 +1,230 @@
+/* mc_a2a.c - the all-to-all handle: checks every argument and the call
+ * order once, for every transport, then hands the half to the transport.
+ * A check that fails returns before the transport sees anything, which is
+ * what makes "a bad call changes nothing" true. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mc_internal.h"
+
+static const mc_transport_ops_t *ops_for(mc_transport_t t) {
+  return t == MC_TRANSPORT_CPU ? &mc_cpu_ops : NULL;
+}
+
+static int misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
+
+static int dtype_ok(mc_dtype_t d) { return mc_dtype_size(d) != 0; }
+
+static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_config_t *c) {
+  if (c->size < sizeof(mc_a2a_config_t) || c->version / 100 != MC_VERSION / 100)
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->size=%zu / version=%u do not match this library (%zu / %d): "
+                   "start from MC_A2A_CONFIG_INITIALIZER",
+                   c->size, c->version, sizeof(mc_a2a_config_t), MC_VERSION);
+  if (c->max_tokens < 1 || c->max_tokens > (1 << 20))
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->max_tokens=%d is not in 1..%d", c->max_tokens, 1 << 20);
+  if (c->num_experts < 1 || c->num_experts % comm->world_size != 0)
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->num_experts=%d is not a positive multiple of world_size=%d",
+                   c->num_experts, comm->world_size);
+  if (c->experts_per_token < 1 || c->experts_per_token > MC_MAX_TOPK ||
+      c->experts_per_token > c->num_experts)
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->experts_per_token=%d is not in 1..min(%d, num_experts=%d)",
+                   c->experts_per_token, MC_MAX_TOPK, c->num_experts);
+  if (c->token_bytes == 0 || c->token_bytes % 16 != 0 || c->token_bytes > (1u << 24))
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->token_bytes=%zu must be a multiple of 16 in 16..%u", c->token_bytes, 1u << 24);
+  if (c->scale_bytes % 4 != 0 || c->scale_bytes > (1u << 20))
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->scale_bytes=%zu must be a multiple of 4 in 0..%u", c->scale_bytes, 1u << 20);
+  if (c->hidden < 8 || c->hidden % 8 != 0 || c->hidden > (1 << 22))
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->hidden=%d must be a multiple of 8 in 8..%d",
+                   c->hidden, 1 << 22);
+  if (!dtype_ok(c->combine_in_dtype))
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->combine_in_dtype=%d is not an mc_dtype_t",
+                   (int)c->combine_in_dtype);
+  if (!dtype_ok(c->combine_out_dtype))
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->combine_out_dtype=%d is not an mc_dtype_t",
+                   (int)c->combine_out_dtype);
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out) {
+  mc_clear_tls_error();
+  if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "comm is NULL");
+  if (!config) return mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_A2A_CONFIG_INITIALIZER)");
+  mc_result_t rc = check_config(comm->err, comm, config);
+  if (rc != MC_SUCCESS) return rc;
+  const mc_transport_ops_t *ops = ops_for(comm->transport);
+  if (!ops) return mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no transport '%s' in this build",
+                           mc_transport_name(comm->transport));
+
+  /* The same config on every rank, or buffers would be carved differently.
+   * Copied field by field into a zeroed struct: padding bytes must not make
+   * equal configs compare unequal. */
+  mc_a2a_config_t mine, *all = malloc(sizeof mine * (size_t)comm->world_size);
+  memset(&mine, 0, sizeof mine);
+  mine.size = sizeof mine;
+  mine.version = MC_VERSION;
+  mine.max_tokens = config->max_tokens;
+  mine.num_experts = config->num_experts;
+  mine.experts_per_token = config->experts_per_token;
+  mine.token_bytes = config->token_bytes;
+  mine.scale_bytes = config->scale_bytes;
+  mine.hidden = config->hidden;
+  mine.combine_in_dtype = config->combine_in_dtype;
+  mine.combine_out_dtype = config->combine_out_dtype;
+  if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
+    if (memcmp(&all[r], &mine, sizeof mine) != 0)
+      rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                   "rank %d passed a different mc_a2a_config_t than rank %d", r, comm->rank);
+  free(all);
+  if (rc != MC_SUCCESS) return rc;
+
+  mc_a2a_t *a2a = calloc(1, sizeof *a2a);
+  if (!a2a) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  a2a->comm = comm;
+  a2a->cfg = mine;
+  a2a->ops = ops;
+  a2a->shape = (mc_shape_t){comm->world_size,  comm->group_size,         config->num_experts,
+                            config->experts_per_token, config->max_tokens, config->hidden,
+                            config->token_bytes, config->scale_bytes,
+                            mc_dtype_size(config->combine_in_dtype)};
+  a2a->stats.size = sizeof a2a->stats;
+  rc = ops->a2a_create(a2a);
+  if (rc != MC_SUCCESS) {
+    memcpy(comm->err, a2a->err, sizeof comm->err);
+    free(a2a);
+    return rc;
+  }
+  comm->live_a2a++;
+  *out = a2a;
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_a2a_destroy(mc_a2a_t *a2a) {
+  if (!a2a) return MC_SUCCESS;
+  a2a->ops->a2a_destroy(a2a);
+  a2a->comm->live_a2a--;
+  free(a2a);
+  return MC_SUCCESS;
+}
+
+int mc_a2a_expert_capacity(const mc_a2a_t *a2a) { return a2a ? mc_expert_capacity(&a2a->shape) : -1; }
+int mc_a2a_num_local_experts(const mc_a2a_t *a2a) { return a2a ? mc_num_local_experts(&a2a->shape) : -1; }
+const char *mc_a2a_last_error(const mc_a2a_t *a2a) { return a2a ? a2a->err : "a2a is NULL"; }
+
+mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats) {
+  if (!a2a || !stats) return mc_fail_tls(MC_ERR_INVALID_ARG, "a2a or stats is NULL");
+  if (stats->size < sizeof *stats)
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "stats->size=%zu < %zu: set it to sizeof(mc_a2a_stats_t)",
+                       stats->size, sizeof *stats);
+  *stats = a2a->stats;
+  return MC_SUCCESS;
+}
+
+/* A pointer rule: required (unless allowed NULL) and aligned. */
+static mc_result_t check_ptr(mc_a2a_t *a2a, const char *call, const char *name, const void *p,
+                             int required, size_t align) {
+  if (!p && required)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: %s is NULL", call, name);
+  if (p && misaligned(p, align))
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: %s=%p is not %zu-byte aligned", call, name, p, align);
+  return MC_SUCCESS;
+}
+
+static mc_result_t check_flags_and_state(mc_a2a_t *a2a, const char *call, unsigned flags,
+                                         mc_phase_t send_phase) {
+  if (a2a->aborted)
+    return mc_fail(a2a->err, MC_ERR_ABORTED,
+                   "%s: this handle failed earlier (see the previous error); destroy it", call);
+  if (flags == 0 || (flags & ~(unsigned)MC_SEND_RECV))
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: flags=0x%x must be MC_SEND, MC_RECV or both",
+                   call, flags);
+  static const char *what[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+  mc_phase_t want = (flags & MC_SEND) ? send_phase : (mc_phase_t)(send_phase + 1);
+  if (a2a->next != want)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE, "%s: called for the %s, but the next step is the %s",
+                   call, what[want], what[a2a->next]);
+  return MC_SUCCESS;
+}
+
+/* After a transport failed: a timeout leaves peers out of step for good. */
+static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
+  if (rc == MC_ERR_TIMEOUT || rc == MC_ERR_CUDA || rc == MC_ERR_NVSHMEM || rc == MC_ERR_INTERNAL ||
+      rc == MC_ERR_SYSTEM)
+    a2a->aborted = 1;
+  return rc;
+}
+
+mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const int32_t *indices,
+                        const float *weights, int m, const int32_t *bound_m, void *expert_x,
+                        void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {
+  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_dispatch: a2a is NULL");
+  const char *call = "mc_dispatch";
+  mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_DISPATCH_SEND);
+  if (rc != MC_SUCCESS) return rc;
+  const mc_a2a_config_t *c = &a2a->cfg;
+  int has_scales = c->scale_bytes > 0;
+  if (flags & MC_SEND) {
+    if (m < 0 || m > c->max_tokens)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: m=%d is not in 0..max_tokens=%d", call, m,
+                     c->max_tokens);
+    int rows = m > 0;
+    if ((rc = check_ptr(a2a, call, "tokens", tokens, rows, 16)) ||
+        (rc = check_ptr(a2a, call, "scales", scales, rows && has_scales, 4)) ||
+        (rc = check_ptr(a2a, call, "indices", indices, rows, 4)) ||
+        (rc = check_ptr(a2a, call, "weights", weights, 0, 4)) ||
+        (rc = check_ptr(a2a, call, "bound_m", bound_m, 0, 4)))
+      return rc;
+    if (scales && !has_scales)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: scales=%p given but config->scale_bytes is 0",
+                     call, scales);
+  }
+  if (flags & MC_RECV) {
+    if ((rc = check_ptr(a2a, call, "expert_x", expert_x, 1, 16)) ||
+        (rc = check_ptr(a2a, call, "expert_scale", expert_scale, has_scales, 4)) ||
+        (rc = check_ptr(a2a, call, "expert_count", expert_count, 1, 4)))
+      return rc;
+    if (expert_scale && !has_scales)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                     "%s: expert_scale=%p given but config->scale_bytes is 0", call, expert_scale);
+  }
+  mc_dispatch_args_t args = {tokens,   scales,       indices,      weights, m,
+                             bound_m,  expert_x,     expert_scale, expert_count, stream};
+  if (flags & MC_SEND) {
+    if ((rc = after(a2a, a2a->ops->dispatch_send(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_DISPATCH_RECV;
+    a2a->round_m = m;
+  }
+  if (flags & MC_RECV) {
+    if ((rc = after(a2a, a2a->ops->dispatch_recv(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_COMBINE_SEND;
+  }
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags, void *stream) {
+  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_combine: a2a is NULL");
+  const char *call = "mc_combine";
+  mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_COMBINE_SEND);
+  if (rc != MC_SUCCESS) return rc;
+  if ((flags & MC_SEND) && (rc = check_ptr(a2a, call, "expert_y", expert_y, 1, 16))) return rc;
+  if ((flags & MC_RECV) && (rc = check_ptr(a2a, call, "out", out, a2a->round_m > 0, 16))) return rc;
+  mc_combine_args_t args = {expert_y, out, stream};
+  if (flags & MC_SEND) {
+    if ((rc = after(a2a, a2a->ops->combine_send(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_COMBINE_RECV;
+  }
+  if (flags & MC_RECV) {
+    if ((rc = after(a2a, a2a->ops->combine_recv(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_DISPATCH_SEND;
+    a2a->stats.rounds++;
+  }
+  return MC_SUCCESS;
+}

@@ -1,0 +1,128 @@
+/* mc_comm.c - the communicator: who am I, how many of us, which transport,
+ * and the out-of-band collectives everything else bootstraps with. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mc_internal.h"
+
+#define MC_DEFAULT_TIMEOUT_MS 10000
+
+mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes) {
+  int rc = comm->oob.allgather(send, recv, bytes, comm->oob.user);
+  if (rc != 0)
+    return mc_fail(comm->err, MC_ERR_BOOTSTRAP,
+                   "rank %d: the out-of-band allgather of %zu bytes failed (callback returned %d)",
+                   comm->rank, bytes, rc);
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_comm_barrier(mc_comm_t *comm) {
+  int one = 1;
+  int *all = malloc(sizeof(int) * (size_t)comm->world_size);
+  if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  mc_result_t rc = mc_comm_allgather(comm, &one, all, sizeof one);
+  free(all);
+  return rc;
+}
+
+static int env_timeout_ms(void) {
+  const char *v = getenv("MC_TIMEOUT_MS");
+  if (!v || !*v) return MC_DEFAULT_TIMEOUT_MS;
+  char *end;
+  long t = strtol(v, &end, 10);
+  return (*end == '\0' && t > 0 && t <= 86400000L) ? (int)t : MC_DEFAULT_TIMEOUT_MS;
+}
+
+/* What every rank must agree on; compared after one allgather. */
+typedef struct {
+  int world_size, group_size, transport, version;
+} comm_agreement_t;
+
+static mc_result_t pick_transport(mc_transport_t want, mc_transport_t *got) {
+  switch (want) {
+  case MC_TRANSPORT_AUTO:
+  case MC_TRANSPORT_CPU:
+    /* GPU transports are not part of this build yet: AUTO means cpu. */
+    *got = MC_TRANSPORT_CPU;
+    return MC_SUCCESS;
+  case MC_TRANSPORT_NVSHMEM:
+  case MC_TRANSPORT_P2P:
+    return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' is not built into this libmoecomm",
+                       mc_transport_name(want));
+  }
+  return mc_fail_tls(MC_ERR_INVALID_ARG, "config->transport=%d is not an mc_transport_t", (int)want);
+}
+
+mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, mc_comm_t **out) {
+  mc_clear_tls_error();
+  if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!oob || !oob->allgather) return mc_fail_tls(MC_ERR_INVALID_ARG, "oob or oob->allgather is NULL");
+  if (!config) return mc_fail_tls(MC_ERR_INVALID_ARG, "config is NULL (use MC_COMM_CONFIG_INITIALIZER)");
+  if (config->size < sizeof(mc_comm_config_t) || config->version / 100 != MC_VERSION / 100)
+    return mc_fail_tls(MC_ERR_INVALID_ARG,
+                       "config->size=%zu / version=%u do not match this library (%zu / %d): "
+                       "start from MC_COMM_CONFIG_INITIALIZER",
+                       config->size, config->version, sizeof(mc_comm_config_t), MC_VERSION);
+  if (oob->world_size < 1 || oob->world_size > 65535)
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "oob->world_size=%d is not in 1..65535", oob->world_size);
+  if (oob->rank < 0 || oob->rank >= oob->world_size)
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "oob->rank=%d is not in 0..%d", oob->rank, oob->world_size - 1);
+  if (config->group_size < 1 || oob->world_size % config->group_size != 0)
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "config->group_size=%d does not divide world_size=%d",
+                       config->group_size, oob->world_size);
+  if (config->timeout_ms < 0)
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "config->timeout_ms=%d is negative", config->timeout_ms);
+  mc_transport_t transport;
+  mc_result_t rc = pick_transport(config->transport, &transport);
+  if (rc != MC_SUCCESS) return rc;
+
+  mc_comm_t *comm = calloc(1, sizeof *comm);
+  if (!comm) return mc_fail_tls(MC_ERR_SYSTEM, "out of host memory");
+  comm->rank = oob->rank;
+  comm->world_size = oob->world_size;
+  comm->group_size = config->group_size;
+  comm->transport = transport;
+  comm->timeout_ms = config->timeout_ms ? config->timeout_ms : env_timeout_ms();
+  comm->device = config->device;
+  comm->oob = *oob;
+
+  /* Every rank must agree, or the first dispatch would corrupt memory. */
+  comm_agreement_t mine = {comm->world_size, comm->group_size, (int)config->transport, MC_VERSION};
+  comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
+  if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
+    if (memcmp(&all[r], &mine, sizeof mine) != 0)
+      rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                   "rank %d disagrees with rank %d: world_size %d/%d, group_size %d/%d, "
+                   "transport %d/%d, version %d/%d",
+                   r, comm->rank, all[r].world_size, mine.world_size, all[r].group_size,
+                   mine.group_size, all[r].transport, mine.transport, all[r].version, mine.version);
+  free(all);
+  if (rc != MC_SUCCESS) {
+    mc_set_tls_error(comm->err);
+    free(comm);
+    return rc;
+  }
+  *out = comm;
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_comm_destroy(mc_comm_t *comm) {
+  if (!comm) return MC_SUCCESS;
+  if (comm->live_a2a > 0)
+    return mc_fail(comm->err, MC_ERR_INVALID_USAGE,
+                   "%d all-to-all handle(s) made from this communicator are not destroyed yet",
+                   comm->live_a2a);
+  free(comm);
+  return MC_SUCCESS;
+}
+
+int mc_comm_rank(const mc_comm_t *comm) { return comm ? comm->rank : -1; }
+int mc_comm_world_size(const mc_comm_t *comm) { return comm ? comm->world_size : -1; }
+int mc_comm_group_size(const mc_comm_t *comm) { return comm ? comm->group_size : -1; }
+mc_transport_t mc_comm_transport(const mc_comm_t *comm) {
+  return comm ? comm->transport : MC_TRANSPORT_AUTO;
+}
+const char *mc_comm_last_error(const mc_comm_t *comm) { return comm ? comm->err : "comm is NULL"; }

@@ -1,0 +1,42 @@
+/* mc_cpu.h - the cpu transport's state and its three primitives, the host
+ * twins of NVSHMEM's putmem_signal_nbi, signal_op and wait_until. The
+ * dispatch and combine halves (mc_cpu_dispatch.c, mc_cpu_combine.c) are
+ * written against these alone. */
+#ifndef MC_CPU_H
+#define MC_CPU_H
+
+#include "mc_internal.h"
+
+typedef struct mc_cpu {
+  unsigned char **peer;  /* peer[r]: rank r's window as this rank sees it */
+  unsigned char *ws;     /* private workspace (mc_workspace_bytes) */
+  uint64_t window_bytes;
+  unsigned char *mapped; /* mapped[r]: we mmapped peer r (another process) */
+  int m_eff;             /* valid tokens of the current round (bound_m applied) */
+  int n_route;           /* records dispatch-recv took in this round */
+} mc_cpu_t;
+
+enum { MC_SIG_SET = 0, MC_SIG_ADD = 1 };
+
+/* Copy bytes to offset dst_off of peer's window, then update peer's signal
+ * (slot, indexed by this rank) with release order: "flags after data". */
+void mc_cpu_put_signal(mc_a2a_t *a2a, int peer, uint64_t dst_off, const void *src, uint64_t bytes,
+                       int slot, uint64_t value, int op);
+/* Update peer's signal (slot, indexed by this rank) with release order. */
+void mc_cpu_signal(mc_a2a_t *a2a, int peer, int slot, uint64_t value, int op);
+/* Wait until this rank's signal (slot, from peer) is >= target, with
+ * acquire order, for at most the comm's timeout. On expiry: MC_ERR_TIMEOUT,
+ * and the handle's text names the phase, this rank, the peer, and the values. */
+mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
+                           uint64_t *seen);
+
+static inline mc_cpu_t *mc_cpu(mc_a2a_t *a2a) { return (mc_cpu_t *)a2a->impl; }
+static inline unsigned char *mc_cpu_mine(mc_a2a_t *a2a) { return mc_cpu(a2a)->peer[a2a->comm->rank]; }
+static inline void *mc_cpu_ws(mc_a2a_t *a2a, uint64_t off) { return mc_cpu(a2a)->ws + off; }
+
+mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args);
+mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args);
+
+#endif

@@ -1,0 +1,93 @@
+/* mc_cpu_combine.c - combine on the cpu transport, step for step what the
+ * GPU kernels do.
+ *
+ * Send: tell every rank "I entered combine-send of this round" (the round
+ * barrier), then for each record dispatch-recv took in, sum its experts'
+ * outputs here (fp32, experts ascending, weighted), round once to the wire
+ * dtype and put that one row to every rank of the token's group, adding 1
+ * to their row counter for this rank. One row per (token, expert rank)
+ * instead of one per (token, expert).
+ *
+ * Recv: wait until each rank's row counter reaches its running total plus
+ * the rows expected from it (known from our own routing), sum each token's
+ * rows in ascending rank order in fp32, round once to the output dtype;
+ * then wait for every rank's barrier signal of this round.
+ *
+ * Why round i+1 cannot overwrite what a peer still reads from round i:
+ * a rank puts rows of round i+1 into our comb_recv only in its
+ * combine-send(i+1), after its dispatch-recv(i+1), which waited for our
+ * dispatch meta of round i+1, which we send only after our combine-recv(i)
+ * finished reading comb_recv. Our comb_send staging of round i is read by
+ * the puts of round i, which have all landed once every receiver's
+ * combine-recv(i) saw them, before anyone sends the metas round i+1 needs.
+ * Row counters are running totals, barrier signals carry the round number:
+ * nothing is ever reset. */
+#include <string.h>
+
+#include "mc_cpu.h"
+#include "mc_dtype.h"
+
+mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args) {
+  const mc_shape_t *s = &a2a->shape;
+  mc_cpu_t *c = mc_cpu(a2a);
+  const int W = s->world_size, G = s->group_size, H = s->hidden, cap = mc_expert_capacity(s);
+  const mc_dtype_t in = a2a->cfg.combine_in_dtype;
+  const uint64_t row_bytes = mc_row_bytes(s);
+  unsigned char *win = mc_cpu_mine(a2a);
+
+  for (int p = 0; p < W; p++) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
+  for (int i = 0; i < c->n_route; i++) {
+    const mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, i));
+    unsigned char *row = win + mc_comb_send_off(s, i);
+    for (int h = 0; h < H; h++) {
+      float acc = 0.0f;
+      for (int k = 0; k < r->n_targets; k++) {
+        const mc_target_t *tg = &r->targets[k];
+        const unsigned char *y = (const unsigned char *)args->expert_y +
+                                 ((uint64_t)tg->expert * cap + (uint64_t)tg->pos) * row_bytes;
+        acc += tg->weight * mc_load_elem(y, h, in);
+      }
+      mc_store_elem(row, h, in, acc);
+    }
+    int first = (r->src_rank / G) * G;
+    for (int p = first; p < first + G; p++) {
+      mc_cpu_put_signal(a2a, p, mc_comb_recv_off(s, a2a->comm->rank, r->token), row, row_bytes,
+                        MC_SIG_COMB_ROWS, 1, MC_SIG_ADD);
+      a2a->stats.combine_rows_sent++;
+      a2a->stats.combine_bytes_sent += row_bytes;
+    }
+  }
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
+  const mc_shape_t *s = &a2a->shape;
+  mc_cpu_t *c = mc_cpu(a2a);
+  const int W = s->world_size, K = s->topk, H = s->hidden;
+  const mc_dtype_t in = a2a->cfg.combine_in_dtype, out_dt = a2a->cfg.combine_out_dtype;
+  const uint64_t out_row = (uint64_t)H * mc_dtype_size(out_dt);
+  unsigned char *win = mc_cpu_mine(a2a);
+  const uint16_t *dests = mc_cpu_ws(a2a, mc_ws_dests_off(s)), *n_dests = mc_cpu_ws(a2a, mc_ws_ndests_off(s));
+  const uint32_t *expect = mc_cpu_ws(a2a, mc_ws_expect_off(s));
+  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
+  mc_result_t rc;
+
+  for (int src = 0; src < W; src++) {
+    uint64_t *total = &seen[MC_SIG_COMB_ROWS * W + src];
+    if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_ROWS, src, *total + expect[src], NULL)))
+      return rc;
+    *total += expect[src];
+  }
+  for (int t = 0; t < c->m_eff; t++) {
+    unsigned char *o = (unsigned char *)args->out + (uint64_t)t * out_row;
+    const uint16_t *d = dests + (int64_t)t * K;
+    for (int h = 0; h < H; h++) {
+      float acc = 0.0f;
+      for (int j = 0; j < n_dests[t]; j++) acc += mc_load_elem(win + mc_comb_recv_off(s, d[j], t), h, in);
+      mc_store_elem(o, h, out_dt, acc);
+    }
+  }
+  for (int p = 0; p < W; p++)
+    if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_BAR, p, a2a->round, NULL))) return rc;
+  return MC_SUCCESS;
+}

@@ -1,0 +1,178 @@
+/* mc_cpu_dispatch.c - dispatch on the cpu transport: the protocol's
+ * reference implementation, step for step what the GPU kernels do.
+ *
+ * Send: check every token's top-k (before anything leaves), pack each of
+ * this rank's tokens once into a record, put it to every destination rank
+ * (one copy per (token, rank)), each put adding 1 to the receiver's record
+ * counter for this source; then put to every rank, even those receiving
+ * nothing, the meta (record count, per-expert counts) with the signal SET
+ * to the round number.
+ *
+ * Recv: wait for every source's meta of this round, compute where each
+ * (source, local expert) starts in expert_x (sources ascending, and a group's
+ * members send contiguous chunks, so slots are ordered by (group, token)),
+ * wait until each source's record counter reaches its running total, copy
+ * payloads and scales to their slots, and note each record's route for
+ * combine.
+ *
+ * Why round i+1 cannot overwrite what a peer still reads from round i:
+ * a rank starts dispatch-send(i+1) only after its combine-recv(i) returned,
+ * and combine-recv(i) waits until every rank has entered combine-send(i),
+ * which every rank does only after its dispatch-recv(i) consumed all records
+ * and metas of round i. So the disp_recv and disp_meta regions, and the
+ * sender's disp_send/meta_send staging, are free when round i+1 writes them.
+ * Record counters are never reset (running totals), and the meta signal
+ * carries the round number, so no reset can race with a write either. */
+#include <string.h>
+
+#include "mc_cpu.h"
+#include "mc_route.h"
+
+static mc_result_t check_routing(mc_a2a_t *a2a, const mc_dispatch_args_t *args, int m_eff) {
+  const mc_shape_t *s = &a2a->shape;
+  for (int t = 0; t < m_eff; t++) {
+    int bad = 0;
+    const int32_t *idx = args->indices + (int64_t)t * s->topk;
+    int why = mc_route_check(idx, s->topk, s->num_experts, &bad);
+    if (why == MC_ROUTE_OUT_OF_RANGE)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                     "mc_dispatch: indices[%d][%d]=%d is not an expert id in 0..%d", t, bad, idx[bad],
+                     s->num_experts - 1);
+    if (why == MC_ROUTE_DUPLICATE)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                     "mc_dispatch: indices[%d] names expert %d twice (position %d); a token's top-k "
+                     "experts must be distinct",
+                     t, idx[bad], bad);
+  }
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
+  const mc_shape_t *s = &a2a->shape;
+  mc_cpu_t *c = mc_cpu(a2a);
+  const int me = a2a->comm->rank, W = s->world_size, K = s->topk, L = mc_num_local_experts(s);
+  int m_eff = args->m;
+  if (args->bound_m) {
+    int b = *args->bound_m;
+    if (b < 0 || b > args->m)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "mc_dispatch: *bound_m=%d is not in 0..m=%d", b, args->m);
+    m_eff = b;
+  }
+  mc_result_t rc = check_routing(a2a, args, m_eff);
+  if (rc != MC_SUCCESS) return rc;
+
+  /* Checked: from here on the round is under way. */
+  const uint32_t round = ++a2a->round;
+  c->m_eff = m_eff;
+  uint16_t *dests = mc_cpu_ws(a2a, mc_ws_dests_off(s)), *n_dests = mc_cpu_ws(a2a, mc_ws_ndests_off(s));
+  uint32_t *expect = mc_cpu_ws(a2a, mc_ws_expect_off(s));
+  memset(expect, 0, sizeof(uint32_t) * (size_t)W);
+  /* Every member of the group learns every token's destinations: each of them
+   * receives every combined row. */
+  for (int t = 0; t < m_eff; t++) {
+    n_dests[t] = (uint16_t)mc_route_dests(args->indices + (int64_t)t * K, K, L, dests + (int64_t)t * K);
+    for (int j = 0; j < n_dests[t]; j++) expect[dests[(int64_t)t * K + j]]++;
+  }
+
+  uint32_t *nrec = mc_cpu_ws(a2a, mc_ws_sendcnt_off(s)), *npos = nrec + W;
+  memset(nrec, 0, sizeof(uint32_t) * ((size_t)W + (size_t)s->num_experts));
+  int begin, end;
+  mc_send_chunk(s, m_eff, me % s->group_size, &begin, &end);
+  unsigned char *win = mc_cpu_mine(a2a);
+  const uint64_t rec_bytes = mc_record_bytes(s);
+  for (int t = begin; t < end; t++) {
+    unsigned char *rec = win + mc_disp_send_off(s, t - begin);
+    mc_record_header_t *h = (mc_record_header_t *)rec;
+    const int32_t *idx = args->indices + (int64_t)t * K;
+    int order[MC_MAX_TOPK];
+    mc_route_sorted(idx, K, order);
+    h->token = t;
+    h->n_targets = K;
+    for (int k = 0; k < K; k++) {
+      int e = idx[order[k]];
+      h->targets[k] = (mc_target_t){e, (int32_t)npos[e]++,
+                                    args->weights ? args->weights[(int64_t)t * K + order[k]] : 1.0f};
+    }
+    memcpy(rec + mc_record_payload_off(s), (const unsigned char *)args->tokens + (uint64_t)t * s->token_bytes,
+           s->token_bytes);
+    if (s->scale_bytes)
+      memcpy(rec + mc_record_scale_off(s), (const unsigned char *)args->scales + (uint64_t)t * s->scale_bytes,
+             s->scale_bytes);
+    const uint16_t *d = dests + (int64_t)t * K;
+    for (int j = 0; j < n_dests[t]; j++)
+      mc_cpu_put_signal(a2a, d[j], mc_disp_recv_off(s, me, (int)nrec[d[j]]++), rec, rec_bytes,
+                        MC_SIG_DISP_RECS, 1, MC_SIG_ADD);
+  }
+  /* Meta to every rank, so every receiver knows this round's count from us,
+   * zero included. */
+  for (int d = 0; d < W; d++) {
+    uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
+    meta[0] = nrec[d];
+    memcpy(meta + 1, npos + (int64_t)d * L, sizeof(uint32_t) * (size_t)L);
+    mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
+                      MC_SIG_SET);
+    a2a->stats.dispatch_records_sent += nrec[d];
+    a2a->stats.dispatch_bytes_sent += nrec[d] * rec_bytes + mc_meta_bytes(s);
+  }
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
+  const mc_shape_t *s = &a2a->shape;
+  mc_cpu_t *c = mc_cpu(a2a);
+  const int me = a2a->comm->rank, W = s->world_size, K = s->topk, L = mc_num_local_experts(s);
+  const int cap = mc_expert_capacity(s);
+  const uint32_t round = a2a->round;
+  unsigned char *win = mc_cpu_mine(a2a);
+  uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
+  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
+  mc_result_t rc;
+
+  /* 1. Every source's meta of this round; slot bases by (source, expert). */
+  for (int l = 0; l < L; l++) args->expert_count[l] = 0;
+  for (int src = 0; src < W; src++) {
+    uint64_t got;
+    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_META, src, round, &got))) return rc;
+    if (got != round)
+      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: rank %d sent meta of round %llu in round %u",
+                     src, (unsigned long long)got, round);
+    const uint32_t *meta = (const uint32_t *)(win + mc_disp_meta_off(s, src));
+    for (int l = 0; l < L; l++) {
+      base[src * L + l] = (uint32_t)args->expert_count[l];
+      args->expert_count[l] += (int32_t)meta[1 + l];
+    }
+  }
+  for (int l = 0; l < L; l++)
+    if (args->expert_count[l] > cap)
+      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: local expert %d got %d tokens > capacity %d",
+                     l, args->expert_count[l], cap);
+
+  /* 2. Each source's records, in order, into their slots. */
+  c->n_route = 0;
+  for (int src = 0; src < W; src++) {
+    uint32_t n = ((const uint32_t *)(win + mc_disp_meta_off(s, src)))[0];
+    uint64_t *total = &seen[MC_SIG_DISP_RECS * W + src];
+    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + n, NULL))) return rc;
+    *total += n;
+    for (uint32_t i = 0; i < n; i++) {
+      const unsigned char *rec = win + mc_disp_recv_off(s, src, (int)i);
+      const mc_record_header_t *h = (const mc_record_header_t *)rec;
+      mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, c->n_route++));
+      r->src_rank = src;
+      r->token = h->token;
+      r->n_targets = 0;
+      for (int k = 0; k < K; k++) {
+        mc_target_t tg = h->targets[k];
+        if (tg.expert / L != me) continue;
+        int l = tg.expert - me * L, slot = (int)base[src * L + l] + tg.pos;
+        memcpy((unsigned char *)args->expert_x + ((uint64_t)l * cap + slot) * s->token_bytes,
+               rec + mc_record_payload_off(s), s->token_bytes);
+        if (s->scale_bytes)
+          memcpy((unsigned char *)args->expert_scale + ((uint64_t)l * cap + slot) * s->scale_bytes,
+                 rec + mc_record_scale_off(s), s->scale_bytes);
+        r->targets[r->n_targets++] = (mc_target_t){l, slot, tg.weight};
+      }
+    }
+  }
+  return MC_SUCCESS;
+}

@@ -1,0 +1,82 @@
+/* mc_internal.h - the handles behind the opaque public types, and the
+ * function table every transport fills (NCCL style: the API layer checks
+ * arguments and call order once, a transport only moves bytes). */
+#ifndef MC_INTERNAL_H
+#define MC_INTERNAL_H
+
+#include "mc_error.h"
+#include "mc_layout.h"
+#include "moecomm.h"
+
+struct mc_comm {
+  int rank, world_size, group_size;
+  mc_transport_t transport;
+  int timeout_ms;
+  int device;
+  mc_oob_t oob;
+  int live_a2a; /* handles not yet destroyed; destroy refuses while > 0 */
+  char err[MC_ERRTEXT_LEN];
+};
+
+/* Where a handle is in its round; each call checks it first. */
+typedef enum mc_phase {
+  MC_NEXT_DISPATCH_SEND = 0,
+  MC_NEXT_DISPATCH_RECV,
+  MC_NEXT_COMBINE_SEND,
+  MC_NEXT_COMBINE_RECV
+} mc_phase_t;
+
+/* Arguments of one dispatch half, as the caller gave them. */
+typedef struct mc_dispatch_args {
+  const void *tokens, *scales;
+  const int32_t *indices;
+  const float *weights;
+  int m;
+  const int32_t *bound_m;
+  void *expert_x, *expert_scale;
+  int32_t *expert_count;
+  void *stream;
+} mc_dispatch_args_t;
+
+typedef struct mc_combine_args {
+  const void *expert_y;
+  void *out;
+  void *stream;
+} mc_combine_args_t;
+
+typedef struct mc_transport_ops mc_transport_ops_t;
+
+struct mc_a2a {
+  mc_comm_t *comm;
+  mc_a2a_config_t cfg;
+  mc_shape_t shape;
+  const mc_transport_ops_t *ops;
+  void *impl;        /* the transport's state */
+  mc_phase_t next;
+  int aborted;       /* a wait timed out: peers are out of step, only destroy is left */
+  uint32_t round;    /* 1-based number of the round in progress or last done */
+  int round_m;       /* m of this round's dispatch (host value, before bound_m) */
+  mc_a2a_stats_t stats;
+  char err[MC_ERRTEXT_LEN];
+};
+
+/* A transport: create/destroy the buffers of one a2a handle, and run the four
+ * halves. Each half may assume the API layer checked pointers, sizes and order;
+ * it checks what only it can read (indices, bound_m) before sending anything. */
+struct mc_transport_ops {
+  const char *name;
+  mc_result_t (*a2a_create)(mc_a2a_t *a2a);
+  void (*a2a_destroy)(mc_a2a_t *a2a);
+  mc_result_t (*dispatch_send)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+  mc_result_t (*dispatch_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+  mc_result_t (*combine_send)(mc_a2a_t *a2a, const mc_combine_args_t *args);
+  mc_result_t (*combine_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args);
+};
+
+extern const mc_transport_ops_t mc_cpu_ops;
+
+/* Collective helpers over the comm's oob, with the failure written to comm->err. */
+mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);
+mc_result_t mc_comm_barrier(mc_comm_t *comm);
+
+#endif

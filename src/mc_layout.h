@@ -1,0 +1,203 @@
+/* mc_layout.h - the one description of moecomm's buffers: record format,
+ * sizes, offsets and signal slots. Host C, CUDA kernels and the CPU
+ * transport all carve their memory with these functions and nothing else
+ * computes a size or an offset (pplx-kernels and DeepEP computed them twice
+ * and drifted).
+ *
+ * Every rank owns one "window" that peers write into (shared memory for
+ * cpu, symmetric heap for nvshmem, IPC-mapped memory for p2p), and one
+ * private "workspace" only it touches. Window, in this order:
+ *
+ *   signals      4 x world_size uint64 slots (see MC_SIG_*)
+ *   disp_meta    [world_size][meta_bytes]   per source rank: n records + per-local-expert counts
+ *   disp_recv    [world_size][src_cap][record_bytes]  records from each source rank
+ *   comb_recv    [world_size][max_tokens][row_bytes]  one row per (expert rank, token of my group)
+ *   disp_send    [src_cap][record_bytes]    staging: records packed once, put to every destination
+ *   meta_send    [world_size][meta_bytes]   staging: the meta for each destination
+ *   comb_send    [world_size * src_cap][row_bytes]    staging: pre-reduced rows, put to the group
+ *
+ * Staging lives in the window because NVSHMEM over a network needs the
+ * source of a put registered, and a non-blocking put needs its source kept
+ * intact until the round ends; the cpu transport uses the same staging so
+ * that it runs the same steps.
+ *
+ * src_cap = ceil(max_tokens / group_size): the most tokens one rank of a
+ * group sends (a group splits its tokens in contiguous chunks). So memory
+ * grows with num_groups x max_tokens x record and world_size x max_tokens x
+ * hidden, never with num_experts x max_tokens x hidden.
+ *
+ * A dispatch record: header | payload (token_bytes) | scales (scale_bytes),
+ * padded to 16 bytes. The header says which token of the source group this
+ * is and, for each of its top-k experts in ascending global id, the expert,
+ * the record's position among the records this source sends to that expert,
+ * and the router weight. The header is the same for every destination, so a
+ * record is packed once and put to each destination rank unchanged; a
+ * receiver uses the targets it holds (expert / num_local_experts == rank).
+ */
+#ifndef MC_LAYOUT_H
+#define MC_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define MC_HD static inline __host__ __device__
+#else
+#define MC_HD static inline
+#endif
+
+#define MC_ALIGN 16u /* every region and record starts on 16 bytes: 16-byte vector copies */
+
+/* Signal slots, each an array of world_size uint64 indexed by the peer. */
+enum {
+  MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed */
+  MC_SIG_DISP_RECS = 1, /* ADD 1 per record from peer; never reset (running total) */
+  MC_SIG_COMB_ROWS = 2, /* ADD 1 per combine row from peer; never reset */
+  MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
+  MC_SIG_COUNT = 4
+};
+
+typedef struct mc_target {
+  int32_t expert; /* global id in a record; local id in a route entry */
+  int32_t pos;    /* record: index among this source's records for that expert;
+                     route entry: the slot in expert_x */
+  float weight;   /* router weight, for combine's pre-reduction */
+} mc_target_t;
+
+typedef struct mc_record_header {
+  int32_t token;     /* row index in the source group's batch */
+  int32_t n_targets; /* topk */
+  mc_target_t targets[1]; /* really topk of them, ascending expert id */
+} mc_record_header_t;
+
+/* Everything sizes derive from. Filled once from the a2a config. */
+typedef struct mc_shape {
+  int world_size, group_size, num_experts, topk, max_tokens, hidden;
+  uint64_t token_bytes, scale_bytes, in_elem_bytes;
+} mc_shape_t;
+
+MC_HD uint64_t mc_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+MC_HD int mc_num_groups(const mc_shape_t *s) { return s->world_size / s->group_size; }
+MC_HD int mc_num_local_experts(const mc_shape_t *s) { return s->num_experts / s->world_size; }
+MC_HD int mc_src_cap(const mc_shape_t *s) { return (s->max_tokens + s->group_size - 1) / s->group_size; }
+/* Slots one local expert can need: every token of every group. */
+MC_HD int mc_expert_capacity(const mc_shape_t *s) { return mc_num_groups(s) * s->max_tokens; }
+
+/* The contiguous chunk of a group's m tokens that group member `member` sends. */
+MC_HD void mc_send_chunk(const mc_shape_t *s, int m, int member, int *begin, int *end) {
+  int chunk = (m + s->group_size - 1) / s->group_size;
+  int b = member * chunk, e = b + chunk;
+  *begin = b < m ? b : m;
+  *end = e < m ? e : m;
+}
+
+/* ---- records ---- */
+MC_HD uint64_t mc_header_bytes(const mc_shape_t *s) {
+  return mc_align_up(2 * sizeof(int32_t) + (uint64_t)s->topk * sizeof(mc_target_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_record_payload_off(const mc_shape_t *s) { return mc_header_bytes(s); }
+MC_HD uint64_t mc_record_scale_off(const mc_shape_t *s) { return mc_header_bytes(s) + s->token_bytes; }
+MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
+  return mc_align_up(mc_header_bytes(s) + s->token_bytes + s->scale_bytes, MC_ALIGN);
+}
+/* Meta from one source: uint32 n_records, then uint32 count per local expert. */
+MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
+  return mc_align_up((1 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
+
+/* ---- window offsets ---- */
+MC_HD uint64_t mc_sig_off(const mc_shape_t *s, int slot, int peer) {
+  return ((uint64_t)slot * s->world_size + peer) * sizeof(uint64_t);
+}
+MC_HD uint64_t mc_sig_bytes(const mc_shape_t *s) {
+  return mc_align_up((uint64_t)MC_SIG_COUNT * s->world_size * sizeof(uint64_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_disp_meta_off(const mc_shape_t *s, int src) {
+  return mc_sig_bytes(s) + (uint64_t)src * mc_meta_bytes(s);
+}
+MC_HD uint64_t mc_disp_recv_base(const mc_shape_t *s) {
+  return mc_sig_bytes(s) + (uint64_t)s->world_size * mc_meta_bytes(s);
+}
+MC_HD uint64_t mc_disp_recv_off(const mc_shape_t *s, int src, int idx) {
+  return mc_disp_recv_base(s) + ((uint64_t)src * mc_src_cap(s) + idx) * mc_record_bytes(s);
+}
+MC_HD uint64_t mc_comb_recv_base(const mc_shape_t *s) {
+  return mc_disp_recv_base(s) + (uint64_t)s->world_size * mc_src_cap(s) * mc_record_bytes(s);
+}
+MC_HD uint64_t mc_comb_recv_off(const mc_shape_t *s, int src, int token) {
+  return mc_comb_recv_base(s) + ((uint64_t)src * s->max_tokens + token) * mc_row_bytes(s);
+}
+MC_HD uint64_t mc_disp_send_base(const mc_shape_t *s) {
+  return mc_comb_recv_base(s) + (uint64_t)s->world_size * s->max_tokens * mc_row_bytes(s);
+}
+MC_HD uint64_t mc_disp_send_off(const mc_shape_t *s, int idx) {
+  return mc_disp_send_base(s) + (uint64_t)idx * mc_record_bytes(s);
+}
+MC_HD uint64_t mc_meta_send_off(const mc_shape_t *s, int dst) {
+  return mc_disp_send_base(s) + (uint64_t)mc_src_cap(s) * mc_record_bytes(s) +
+         (uint64_t)dst * mc_meta_bytes(s);
+}
+MC_HD uint64_t mc_comb_send_base(const mc_shape_t *s) {
+  return mc_meta_send_off(s, s->world_size);
+}
+/* Staging row for the i-th received record (i < world_size * src_cap). */
+MC_HD uint64_t mc_comb_send_off(const mc_shape_t *s, int i) {
+  return mc_comb_send_base(s) + (uint64_t)i * mc_row_bytes(s);
+}
+MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
+  return mc_comb_send_base(s) + (uint64_t)s->world_size * mc_src_cap(s) * mc_row_bytes(s);
+}
+
+/* ---- private workspace (never written by peers) ----
+ *   route     [world_size * src_cap] entries: what dispatch-recv learnt of each
+ *             received record, for combine-send (source, token, slots, weights)
+ *   dests     [max_tokens][topk] uint16 destination ranks of each token of my
+ *             group, ascending, and n_dests [max_tokens] uint16
+ *   seen      [MC_SIG_COUNT][world_size] uint64 running totals already consumed
+ *   expect    [world_size] uint32 combine rows expected from each rank this round
+ *   base      [world_size][num_local_experts] uint32: first slot of each
+ *             (source, local expert) in expert_x this round
+ *   sendcnt   [world_size + num_experts] uint32: dispatch-send's records per
+ *             destination rank, then records per global expert
+ */
+typedef struct mc_route_entry {
+  int32_t src_rank;
+  int32_t token;
+  int32_t n_targets;
+  int32_t pad;
+  mc_target_t targets[1]; /* really n_targets (<= topk): local expert, slot, weight */
+} mc_route_entry_t;
+
+MC_HD uint64_t mc_route_entry_bytes(const mc_shape_t *s) {
+  return mc_align_up(4 * sizeof(int32_t) + (uint64_t)s->topk * sizeof(mc_target_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_route_off(const mc_shape_t *s, int i) {
+  return (uint64_t)i * mc_route_entry_bytes(s);
+}
+MC_HD uint64_t mc_ws_dests_off(const mc_shape_t *s) {
+  return (uint64_t)s->world_size * mc_src_cap(s) * mc_route_entry_bytes(s);
+}
+MC_HD uint64_t mc_ws_ndests_off(const mc_shape_t *s) {
+  return mc_ws_dests_off(s) + mc_align_up((uint64_t)s->max_tokens * s->topk * sizeof(uint16_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_seen_off(const mc_shape_t *s) {
+  return mc_ws_ndests_off(s) + mc_align_up((uint64_t)s->max_tokens * sizeof(uint16_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_expect_off(const mc_shape_t *s) {
+  return mc_ws_seen_off(s) + (uint64_t)MC_SIG_COUNT * s->world_size * sizeof(uint64_t);
+}
+MC_HD uint64_t mc_ws_base_off(const mc_shape_t *s) {
+  return mc_ws_expect_off(s) + mc_align_up((uint64_t)s->world_size * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_sendcnt_off(const mc_shape_t *s) {
+  return mc_ws_base_off(s) +
+         mc_align_up((uint64_t)s->world_size * mc_num_local_experts(s) * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_sendcnt_off(s) +
+         mc_align_up(((uint64_t)s->world_size + s->num_experts) * sizeof(uint32_t), MC_ALIGN);
+}
+
+#endif /* MC_LAYOUT_H */

@@ -1,0 +1,60 @@
+/* mc_route.h - routing arithmetic every transport and the checks share:
+ * which ranks a token goes to, and whether a token's top-k is valid.
+ * Host and device (MC_HD). */
+#ifndef MC_ROUTE_H
+#define MC_ROUTE_H
+
+#include "mc_layout.h"
+
+enum { MC_ROUTE_OK = 0, MC_ROUTE_OUT_OF_RANGE = 1, MC_ROUTE_DUPLICATE = 2 };
+
+/* Validate one token's top-k expert ids. *bad_k gets the offending position. */
+MC_HD int mc_route_check(const int32_t *idx, int topk, int num_experts, int *bad_k) {
+  for (int k = 0; k < topk; k++) {
+    if (idx[k] < 0 || idx[k] >= num_experts) {
+      *bad_k = k;
+      return MC_ROUTE_OUT_OF_RANGE;
+    }
+    for (int j = 0; j < k; j++)
+      if (idx[j] == idx[k]) {
+        *bad_k = k;
+        return MC_ROUTE_DUPLICATE;
+      }
+  }
+  return MC_ROUTE_OK;
+}
+
+/* The distinct ranks holding a valid token's experts, ascending, into
+ * dests[<= topk]; returns how many. */
+MC_HD int mc_route_dests(const int32_t *idx, int topk, int num_local, uint16_t *dests) {
+  int n = 0;
+  for (int k = 0; k < topk; k++) {
+    uint16_t r = (uint16_t)(idx[k] / num_local);
+    int at = n;
+    for (int j = 0; j < n; j++)
+      if (dests[j] >= r) {
+        at = j;
+        break;
+      }
+    if (at < n && dests[at] == r) continue;
+    for (int j = n; j > at; j--) dests[j] = dests[j - 1];
+    dests[at] = r;
+    n++;
+  }
+  return n;
+}
+
+/* The order of a token's top-k by ascending expert id (combine sums a rank's
+ * experts in this order, so results do not depend on the router's order). */
+MC_HD void mc_route_sorted(const int32_t *idx, int topk, int *order) {
+  for (int k = 0; k < topk; k++) {
+    int at = k;
+    while (at > 0 && idx[order[at - 1]] > idx[k]) {
+      order[at] = order[at - 1];
+      at--;
+    }
+    order[at] = k;
+  }
+}
+
+#endif

@@ -1,0 +1,70 @@
+/* mc_test.h - the smallest test harness that does the job: tests are plain
+ * functions `int test_NAME(void)` returning 0 on success, listed once in
+ * test_list.h; the runner runs one by name in its own process (CTest adds
+ * one entry per name, with a timeout). Checks print file, line, the seed of
+ * the run and the failed expression, then make the test return 1. */
+#ifndef MC_TEST_H
+#define MC_TEST_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "moecomm.h"
+
+/* The seed of this run: MC_SEED from the environment, else drawn from the
+ * clock and pid at start. Printed on every failure so a run can be replayed. */
+extern uint64_t mc_test_seed;
+
+#define MC_CHECK(cond)                                                                   \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "%s:%d: check failed: %s (MC_SEED=%" PRIu64 ")\n", __FILE__,       \
+              __LINE__, #cond, mc_test_seed);                                            \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+#define MC_CHECK_MSG(cond, ...)                                                          \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "%s:%d: check failed: %s (MC_SEED=%" PRIu64 "): ", __FILE__,       \
+              __LINE__, #cond, mc_test_seed);                                            \
+      fprintf(stderr, __VA_ARGS__);                                                      \
+      fputc('\n', stderr);                                                               \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+/* A call that must return `want`. */
+#define MC_CHECK_RC(call, want)                                                          \
+  do {                                                                                   \
+    mc_result_t rc_ = (call);                                                            \
+    if (rc_ != (want)) {                                                                 \
+      fprintf(stderr, "%s:%d: %s returned %s, wanted %s (MC_SEED=%" PRIu64 ")\n",        \
+              __FILE__, __LINE__, #call, mc_result_string(rc_), mc_result_string(want),  \
+              mc_test_seed);                                                             \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+#define MC_CHECK_OK(call) MC_CHECK_RC(call, MC_SUCCESS)
+
+/* Declarations of every test function. */
+#define MC_TEST(name) int test_##name(void);
+#include "test_list.h"
+#undef MC_TEST
+
+/* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
+static inline uint64_t mc_test_rand(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* Uniform in [lo, hi]. */
+static inline int mc_test_range(uint64_t *state, int lo, int hi) {
+  return lo + (int)(mc_test_rand(state) % (uint64_t)(hi - lo + 1));
+}
+
+#endif

@@ -1,0 +1,78 @@
+/* mc_ref.h - the reference model: plain C, slow, obviously correct. From a
+ * case (shape + seed) it draws every group's inputs for a round and computes
+ * what every rank must get out of dispatch and combine, straight from the
+ * definitions in moecomm.h, without the protocol (no records, no signals). */
+#ifndef MC_REF_H
+#define MC_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moecomm.h"
+
+enum { MC_ROUTING_RANDOM = 0, MC_ROUTING_ONE_EXPERT = 1, MC_ROUTING_SKEWED = 2 };
+
+typedef struct mc_case {
+  int world_size, group_size, num_experts, topk, max_tokens, hidden;
+  size_t token_bytes, scale_bytes;
+  mc_dtype_t in_dtype, out_dtype;
+  uint64_t seed;
+  int routing;        /* MC_ROUTING_* */
+  int zero_tokens;    /* 1: some groups get m = 0 in some rounds */
+  int use_bound_m;    /* 1: pass bound_m < m on some rounds */
+  int no_weights;     /* 1: pass weights = NULL (all 1.0) */
+  int fixed_m;        /* 1: every group passes m = max_tokens every round (benchmarks) */
+} mc_case_t;
+
+/* One group's inputs for one round (all ranks of a group hold the same). */
+typedef struct mc_input {
+  int m;       /* rows passed */
+  int bound_m; /* valid rows; == m when use_bound_m is off (then no pointer is passed) */
+  int has_bound;
+  uint8_t *tokens;  /* [m][token_bytes] */
+  uint8_t *scales;  /* [m][scale_bytes] or NULL */
+  int32_t *indices; /* [m][topk] */
+  float *weights;   /* [m][topk] or NULL */
+} mc_input_t;
+
+/* Draw group g's inputs of `round` (pure function of case, round, group). */
+int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in);
+void mc_ref_input_free(mc_input_t *in);
+
+/* Expected dispatch output on `rank`: count[L], and for each slot < count
+ * which (group, token) it must hold: src_group[L][cap], src_token[L][cap]
+ * (the bytes are then ins[group].tokens/scales of that token). ins has one
+ * entry per group. */
+void mc_ref_dispatch(const mc_case_t *c, const mc_input_t *ins, int rank, int32_t *count, int32_t *src_group,
+                     int32_t *src_token);
+
+/* The fake expert used by tests and the benchmark: row y (hidden elements in
+ * in_dtype) from expert `expert` (global id) applied to one token's bytes. */
+void mc_ref_expert(const mc_case_t *c, int expert, const uint8_t *x, void *y);
+
+/* Expected combine output on any rank of group g: out[bound_m][hidden] in
+ * out_dtype, with the rounding moecomm.h specifies. */
+void mc_ref_combine(const mc_case_t *c, const mc_input_t *in, void *out);
+
+/* The same sum in double precision without intermediate rounding: the ideal
+ * value, to state how far the specified rounding lands from it; absum gets
+ * the sum of |weight * y| per element, the scale an error is relative to. */
+void mc_ref_combine_ideal(const mc_case_t *c, const mc_input_t *in, double *out, double *absum);
+
+/* One copy per (token, destination rank): the records rank `rank` must send
+ * for group input `in` (its chunk of the group's valid tokens). */
+uint64_t mc_ref_records_sent(const mc_case_t *c, const mc_input_t *in, int rank);
+
+int mc_ref_num_groups(const mc_case_t *c);
+int mc_ref_capacity(const mc_case_t *c);
+int mc_ref_local_experts(const mc_case_t *c);
+
+uint64_t mc_ref_rand(uint64_t *state);
+/* A random valid case from a seed, within the limits the tests use. */
+void mc_ref_random_case(uint64_t seed, mc_case_t *c);
+/* The DeepSeek-V3 layer of DESIGN.md: 256 experts, top-8, 7168 fp8 + 56 float scales, bf16. */
+void mc_ref_deepseek_case(int world_size, int tokens, mc_case_t *c);
+/* Short description for messages. */
+void mc_ref_describe(const mc_case_t *c, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,55 @@
+/* mc_ref_run.h - runs a case on the library with every rank as a thread
+ * (or a forked process), round after round, and checks each rank's outputs
+ * against the reference model. Tests and mc-bench both drive it. */
+#ifndef MC_REF_RUN_H
+#define MC_REF_RUN_H
+
+#include "mc_ref.h"
+
+enum { MC_PH_DISPATCH_SEND, MC_PH_DISPATCH_RECV, MC_PH_COMBINE_SEND, MC_PH_COMBINE_RECV, MC_PH_COUNT };
+
+typedef struct mc_run_opts {
+  int rounds;        /* rounds checked and timed (default 1) */
+  int warmup;        /* extra rounds before, not timed */
+  int processes;     /* 0: ranks are threads; 1: forked processes, socket bootstrap */
+  int split;         /* 1: send and recv halves as separate calls, other work between */
+  int handles;       /* a2a handles alive at once; rounds rotate through them (default 1) */
+  int timeout_ms;    /* the communicator's timeout (default 10000) */
+  int check;         /* 1: compare with the reference every round */
+  int barrier;       /* 1: an out-of-band barrier before each round (timing) */
+  int stall_rank;    /* -1: none; else this rank stops before dispatch of stall_round */
+  int stall_round;   /*   (thread: goes silent; process: dies with SIGKILL) */
+  mc_transport_t transport;
+  int inject_bad;    /* 1: before each round, make bad calls that must fail and change nothing */
+} mc_run_opts_t;
+
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0}
+
+typedef struct mc_run_rank {
+  int failed;             /* a check or a call failed */
+  int api_rc;             /* mc_result_t of the failing call, 0 if a check failed */
+  char msg[768];          /* the first failure */
+  mc_a2a_stats_t stats;   /* of the first handle, at the end */
+  uint64_t expected_records; /* one per (token, destination rank), from the reference */
+  double max_err;         /* max |out - ideal| / (sum |w y| + 1e-6) seen */
+  double wall_s;          /* the whole run on this rank */
+  int rc_after_timeout;   /* what the next call returned after a timeout */
+} mc_run_rank_t;
+
+typedef struct mc_run_result {
+  int world_size, rounds;
+  mc_run_rank_t *ranks;   /* [world_size] */
+  double *samples_us;     /* [world_size][MC_PH_COUNT][rounds] */
+} mc_run_result_t;
+
+/* Returns the number of ranks that failed (0: all good), or -1 if the run
+ * could not start. The result must be freed with mc_run_free. */
+int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res);
+void mc_run_free(mc_run_result_t *res);
+/* The first failure's text, or "" */
+const char *mc_run_first_failure(const mc_run_result_t *res);
+
+/* The combine tolerance relative to sum |w y|, from the dtypes' precision. */
+double mc_ref_tolerance(const mc_case_t *c);
+
+#endif

@@ -1,0 +1,198 @@
+/* test_api.c - the API surface: versions, strings, initializers, argument
+ * rules of the create calls, ownership rules of destroy. */
+#include <pthread.h>
+#include <string.h>
+
+#define MC_ERRTEXT_LEN_TEST 512
+
+#include "mc_test.h"
+
+int test_version_and_strings(void) {
+  MC_CHECK(mc_version() == MC_VERSION);
+  MC_CHECK(MC_VERSION == MC_VERSION_CODE(MC_VERSION_MAJOR, MC_VERSION_MINOR, MC_VERSION_PATCH));
+  for (int r = MC_SUCCESS; r <= MC_ERR_INTERNAL; r++) {
+    const char *s = mc_result_string((mc_result_t)r);
+    MC_CHECK(s && strncmp(s, "MC_", 3) == 0 && strstr(s, "UNKNOWN") == NULL);
+  }
+  MC_CHECK(strstr(mc_result_string((mc_result_t)99), "UNKNOWN") != NULL);
+  MC_CHECK(strcmp(mc_transport_name(MC_TRANSPORT_CPU), "cpu") == 0);
+  MC_CHECK(mc_transport_name((mc_transport_t)42) == NULL);
+  MC_CHECK(mc_dtype_size(MC_DTYPE_BF16) == 2 && mc_dtype_size(MC_DTYPE_FP32) == 4);
+  MC_CHECK(mc_dtype_size((mc_dtype_t)9) == 0);
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  MC_CHECK(cc.size == sizeof cc && cc.group_size == 1 && cc.transport == MC_TRANSPORT_AUTO);
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  MC_CHECK(ac.size == sizeof ac && ac.combine_in_dtype == MC_DTYPE_BF16);
+  return 0;
+}
+
+/* One rank, for checks that need a live communicator. */
+typedef struct solo {
+  mc_oob_threads_t *g;
+  mc_oob_t oob;
+  mc_comm_t *comm;
+} solo_t;
+
+static int solo_open(solo_t *s, int group_size) {
+  memset(s, 0, sizeof *s);
+  if (mc_oob_threads_create(1, 1000, &s->g) != MC_SUCCESS) return 1;
+  if (mc_oob_threads_get(s->g, 0, &s->oob) != MC_SUCCESS) return 1;
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.group_size = group_size;
+  return mc_comm_create(&s->oob, &cc, &s->comm) != MC_SUCCESS;
+}
+static void solo_close(solo_t *s) {
+  mc_comm_destroy(s->comm);
+  mc_oob_threads_destroy(s->g);
+}
+
+int test_comm_rules(void) {
+  mc_oob_threads_t *g;
+  MC_CHECK_OK(mc_oob_threads_create(4, 1000, &g));
+  mc_oob_t oob;
+  MC_CHECK_OK(mc_oob_threads_get(g, 1, &oob));
+  MC_CHECK_RC(mc_oob_threads_get(g, 4, &oob), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_last_error(), "rank=4") != NULL);
+  MC_CHECK_OK(mc_oob_threads_get(g, 1, &oob));
+  mc_comm_t *comm = (mc_comm_t *)1;
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.group_size = 3; /* does not divide 4 */
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK(comm == NULL);
+  MC_CHECK(strstr(mc_last_error(), "group_size=3") != NULL);
+  cc = (mc_comm_config_t)MC_COMM_CONFIG_INITIALIZER;
+  cc.size = 8; /* a caller built against another struct */
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_last_error(), "MC_COMM_CONFIG_INITIALIZER") != NULL);
+  cc = (mc_comm_config_t)MC_COMM_CONFIG_INITIALIZER;
+  cc.transport = MC_TRANSPORT_NVSHMEM;
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_UNSUPPORTED);
+  MC_CHECK(strstr(mc_last_error(), "nvshmem") != NULL);
+  cc.transport = (mc_transport_t)17;
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK_RC(mc_comm_create(NULL, &cc, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK_RC(mc_comm_create(&oob, NULL, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK_OK(mc_comm_destroy(NULL));
+  mc_oob_threads_destroy(g);
+  return 0;
+}
+
+int test_a2a_config_rules(void) {
+  solo_t s;
+  MC_CHECK(solo_open(&s, 1) == 0);
+  MC_CHECK(mc_comm_transport(s.comm) == MC_TRANSPORT_CPU); /* auto without a GPU */
+  mc_a2a_config_t good = MC_A2A_CONFIG_INITIALIZER;
+  good.max_tokens = 8;
+  good.num_experts = 8;
+  good.experts_per_token = 2;
+  good.token_bytes = 64;
+  good.scale_bytes = 8;
+  good.hidden = 16;
+  mc_a2a_t *a2a = (mc_a2a_t *)1;
+  /* each broken rule: the code, and a message naming the field and value */
+  mc_a2a_config_t c;
+#define BAD(stmt, needle)                                                              \
+  c = good;                                                                            \
+  stmt;                                                                                \
+  MC_CHECK_RC(mc_a2a_create(s.comm, &c, &a2a), MC_ERR_INVALID_ARG);                    \
+  MC_CHECK(a2a == NULL);                                                               \
+  MC_CHECK_MSG(strstr(mc_comm_last_error(s.comm), needle) != NULL, "%s", mc_comm_last_error(s.comm));
+  BAD(c.max_tokens = 0, "max_tokens=0");
+  BAD(c.num_experts = 0, "num_experts=0");
+  BAD(c.experts_per_token = 0, "experts_per_token=0");
+  BAD(c.experts_per_token = 9, "experts_per_token=9");
+  BAD(c.experts_per_token = MC_MAX_TOPK + 1, "experts_per_token=17");
+  BAD(c.token_bytes = 24, "token_bytes=24");
+  BAD(c.scale_bytes = 6, "scale_bytes=6");
+  BAD(c.hidden = 12, "hidden=12");
+  BAD(c.combine_in_dtype = (mc_dtype_t)5, "combine_in_dtype=5");
+  BAD(c.combine_out_dtype = (mc_dtype_t)5, "combine_out_dtype=5");
+  BAD(c.size = 4, "MC_A2A_CONFIG_INITIALIZER");
+#undef BAD
+  MC_CHECK_RC(mc_a2a_create(s.comm, NULL, &a2a), MC_ERR_INVALID_ARG);
+  MC_CHECK_OK(mc_a2a_create(s.comm, &good, &a2a));
+  MC_CHECK(mc_a2a_expert_capacity(a2a) == 8 && mc_a2a_num_local_experts(a2a) == 8);
+  /* a communicator with a live handle refuses to go, and stays usable */
+  MC_CHECK_RC(mc_comm_destroy(s.comm), MC_ERR_INVALID_USAGE);
+  MC_CHECK(strstr(mc_comm_last_error(s.comm), "not destroyed") != NULL);
+  mc_a2a_stats_t st = {.size = 3};
+  MC_CHECK_RC(mc_a2a_get_stats(a2a, &st), MC_ERR_INVALID_ARG);
+  st.size = sizeof st;
+  MC_CHECK_OK(mc_a2a_get_stats(a2a, &st));
+  MC_CHECK(st.buffer_bytes > 0 && st.rounds == 0);
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
+  MC_CHECK_OK(mc_a2a_destroy(NULL));
+  solo_close(&s);
+  return 0;
+}
+
+typedef struct three {
+  mc_oob_threads_t *g;
+  int rank;
+  mc_result_t rc;
+  char msg[MC_ERRTEXT_LEN_TEST];
+} three_t;
+
+static void *three_main(void *arg) {
+  three_t *t = arg;
+  mc_oob_t oob;
+  mc_comm_t *comm = NULL;
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  mc_oob_threads_get(t->g, t->rank, &oob);
+  t->rc = mc_comm_create(&oob, &cc, &comm);
+  if (t->rc != MC_SUCCESS) return NULL;
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = 4;
+  ac.num_experts = 8; /* not a multiple of 3 ranks */
+  ac.experts_per_token = 2;
+  ac.token_bytes = 16;
+  ac.hidden = 8;
+  mc_a2a_t *a2a = NULL;
+  t->rc = mc_a2a_create(comm, &ac, &a2a);
+  snprintf(t->msg, sizeof t->msg, "%s", mc_comm_last_error(comm));
+  mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return NULL;
+}
+
+int test_experts_not_divisible(void) {
+  three_t t[3];
+  pthread_t th[3];
+  mc_oob_threads_t *g;
+  MC_CHECK_OK(mc_oob_threads_create(3, 5000, &g));
+  for (int r = 0; r < 3; r++) {
+    t[r] = (three_t){g, r, MC_SUCCESS, {0}};
+    MC_CHECK(pthread_create(&th[r], NULL, three_main, &t[r]) == 0);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  mc_oob_threads_destroy(g);
+  for (int r = 0; r < 3; r++) {
+    MC_CHECK_MSG(t[r].rc == MC_ERR_INVALID_ARG, "rank %d: %s", r, mc_result_string(t[r].rc));
+    MC_CHECK_MSG(strstr(t[r].msg, "num_experts=8") && strstr(t[r].msg, "world_size=3"), "%s", t[r].msg);
+  }
+  return 0;
+}
+
+int test_create_destroy_loop(void) {
+  /* handles come and go as an engine reloads: no leak, no stale state
+   * (run under ASan/valgrind in CI) */
+  solo_t s;
+  MC_CHECK(solo_open(&s, 1) == 0);
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = 16;
+  ac.num_experts = 32;
+  ac.experts_per_token = 4;
+  ac.token_bytes = 256;
+  ac.hidden = 64;
+  for (int i = 0; i < 200; i++) {
+    mc_a2a_t *h[3];
+    for (int j = 0; j < 3; j++) MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &h[j]));
+    for (int j = 2; j >= 0; j--) MC_CHECK_OK(mc_a2a_destroy(h[j]));
+  }
+  solo_close(&s);
+  for (int i = 0; i < 50; i++) {
+    MC_CHECK(solo_open(&s, 1) == 0);
+    solo_close(&s);
+  }
+  return 0;
+}

@@ -1,0 +1,124 @@
+/* test_failures.c - a rank that stops must make the others return a
+ * timeout that names it, within the timeout, never hang: as a thread that
+ * goes silent and as a process that is killed. And the wire and memory
+ * claims of DESIGN.md §3, counted by the library itself. */
+#include <string.h>
+
+#include "mc_layout.h"
+#include "mc_ref_run.h"
+#include "mc_test.h"
+
+static int check_stall(int processes) {
+  mc_case_t c;
+  mc_ref_random_case(mc_test_seed, &c);
+  c.world_size = 4;
+  c.group_size = 1;
+  c.num_experts = 16;
+  c.topk = 4;
+  c.max_tokens = 8;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 4;
+  o.timeout_ms = 300;
+  o.processes = processes;
+  o.stall_rank = 2;
+  o.stall_round = 2;
+  mc_run_result_t res;
+  int failed = mc_run(&c, &o, &res);
+  MC_CHECK(failed >= 3);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2) continue;
+    const mc_run_rank_t *me = &res.ranks[r];
+    fprintf(stderr, "rank %d: %s\n", r, me->msg);
+    MC_CHECK_MSG(me->failed && me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(strstr(me->msg, "waiting for rank 2") != NULL, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(strstr(me->msg, "round 3") != NULL, "rank %d: %s", r, me->msg); /* the stalled round */
+    /* the handle is aborted: further calls refuse at once, destroy works */
+    MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: next call gave %s", r,
+                 mc_result_string((mc_result_t)me->rc_after_timeout));
+  }
+  mc_run_free(&res);
+  return 0;
+}
+
+int test_stall_thread(void) { return check_stall(0); }
+int test_stall_process(void) { return check_stall(1); }
+
+int test_wire_bytes(void) {
+  /* Tokens whose top-8 sit on one or two ranks: one record per (token, rank),
+   * so far fewer than one per (token, expert), and the same for combine rows. */
+  mc_case_t c;
+  mc_ref_random_case(mc_test_seed, &c);
+  c.world_size = 4;
+  c.group_size = 1;
+  c.num_experts = 64; /* 16 per rank */
+  c.topk = 8;
+  c.max_tokens = 32;
+  c.routing = MC_ROUTING_ONE_EXPERT; /* experts hot..hot+7: one or two ranks */
+  c.zero_tokens = 0;
+  c.use_bound_m = 0;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  mc_run_result_t res;
+  MC_CHECK(mc_run(&c, &o, &res) == 0);
+  uint64_t recs = 0, rows = 0, want = 0;
+  for (int r = 0; r < 4; r++) {
+    recs += res.ranks[r].stats.dispatch_records_sent;
+    rows += res.ranks[r].stats.combine_rows_sent;
+    want += res.ranks[r].expected_records;
+  }
+  mc_run_free(&res);
+  uint64_t per_expert_max = 3ull * 4 * 32 * 8; /* rounds x groups x tokens x topk */
+  fprintf(stderr, "records %llu (reference %llu), combine rows %llu, per-expert design at most %llu\n",
+          (unsigned long long)recs, (unsigned long long)want, (unsigned long long)rows,
+          (unsigned long long)per_expert_max);
+  MC_CHECK(recs == want);
+  MC_CHECK(rows == recs); /* group_size 1: one row back per record */
+  MC_CHECK(recs <= 2 * per_expert_max / 8); /* 8 consecutive experts span at most 2 ranks */
+  return 0;
+}
+
+int test_buffer_memory(void) {
+  /* Receive buffers grow with num_groups x max_tokens and world_size x
+   * max_tokens x hidden, never with num_experts x max_tokens x hidden. */
+  mc_shape_t a = {8, 1, 256, 8, 128, 7168, 7168, 224, 2};
+  mc_shape_t more_experts = a, more_tokens = a, grouped = a;
+  more_experts.num_experts = 1024;
+  more_tokens.max_tokens = 256;
+  grouped.group_size = 2;
+  uint64_t base = mc_window_bytes(&a);
+  fprintf(stderr, "window bytes at EP8 DeepSeek-V3, 128 tokens: %llu (%.1f MiB)\n", (unsigned long long)base,
+          (double)base / 1048576.0);
+  /* 4x the experts adds only the per-expert counts of the meta */
+  MC_CHECK(mc_window_bytes(&more_experts) - base <= (uint64_t)8 * 1024 * 4 * 2);
+  /* 2x the tokens: about 2x the bytes */
+  MC_CHECK(mc_window_bytes(&more_tokens) > base * 19 / 10 && mc_window_bytes(&more_tokens) < base * 21 / 10);
+  /* two ranks per group share the sending: the dispatch staging halves */
+  MC_CHECK(mc_window_bytes(&grouped) < base);
+  /* the DESIGN target: at most 64 MiB per rank (pplx-kernels: about 2.2 GB) */
+  MC_CHECK(base + mc_workspace_bytes(&a) <= 64ull << 20);
+  /* and the handle reports what it allocated */
+  mc_oob_threads_t *g;
+  MC_CHECK_OK(mc_oob_threads_create(1, 1000, &g));
+  mc_oob_t oob;
+  MC_CHECK_OK(mc_oob_threads_get(g, 0, &oob));
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  mc_comm_t *comm;
+  MC_CHECK_OK(mc_comm_create(&oob, &cc, &comm));
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = 128;
+  ac.num_experts = 256;
+  ac.experts_per_token = 8;
+  ac.token_bytes = 7168;
+  ac.scale_bytes = 224;
+  ac.hidden = 7168;
+  mc_a2a_t *a2a;
+  MC_CHECK_OK(mc_a2a_create(comm, &ac, &a2a));
+  mc_a2a_stats_t st = {.size = sizeof st};
+  MC_CHECK_OK(mc_a2a_get_stats(a2a, &st));
+  mc_shape_t one = {1, 1, 256, 8, 128, 7168, 7168, 224, 2};
+  MC_CHECK(st.buffer_bytes == mc_window_bytes(&one) + mc_workspace_bytes(&one));
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
+  MC_CHECK_OK(mc_comm_destroy(comm));
+  mc_oob_threads_destroy(g);
+  return 0;
+}

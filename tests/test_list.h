@@ -1,0 +1,35 @@
+/* Every test, once. CMake reads the MC_TEST(name) lines to add one CTest
+ * entry per name; the runner maps names to functions from the same list. */
+/* the API surface */
+MC_TEST(version_and_strings)
+MC_TEST(comm_rules)
+MC_TEST(a2a_config_rules)
+MC_TEST(experts_not_divisible)
+MC_TEST(create_destroy_loop)
+/* the protocol against the reference model */
+MC_TEST(random_configs)
+MC_TEST(world_sizes)
+MC_TEST(group_sizes)
+MC_TEST(dtypes)
+MC_TEST(payload_sizes)
+MC_TEST(deepseek_shape)
+MC_TEST(zero_tokens)
+MC_TEST(one_expert)
+MC_TEST(bound_m)
+MC_TEST(split_halves)
+MC_TEST(many_rounds)
+MC_TEST(many_handles)
+MC_TEST(processes)
+MC_TEST(bad_calls_change_nothing)
+/* failures, wire and memory */
+MC_TEST(stall_thread)
+MC_TEST(stall_process)
+MC_TEST(wire_bytes)
+MC_TEST(buffer_memory)
+/* the process bootstrap */
+MC_TEST(oob_socket_allgather)
+MC_TEST(oob_socket_wrong_secret)
+MC_TEST(oob_socket_oversized)
+MC_TEST(oob_socket_missing_rank)
+MC_TEST(oob_socket_peer_dies)
+MC_TEST(oob_socket_bad_args)
