@@ -34,21 +34,21 @@ mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args) {
   const mc_dtype_t in = a2a->cfg.combine_in_dtype;
   const uint64_t row_bytes = mc_row_bytes(s);
   unsigned char *win = mc_cpu_mine(a2a);
+  float *acc = mc_cpu_ws(a2a, mc_ws_acc_off(s));
 
   for (int p = 0; p < W; p++) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
   for (int i = 0; i < c->n_route; i++) {
     const mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, i));
     unsigned char *row = win + mc_comb_send_off(s, i);
-    for (int h = 0; h < H; h++) {
-      float acc = 0.0f;
-      for (int k = 0; k < r->n_targets; k++) {
-        const mc_target_t *tg = &r->targets[k];
-        const unsigned char *y = (const unsigned char *)args->expert_y +
-                                 ((uint64_t)tg->expert * cap + (uint64_t)tg->pos) * row_bytes;
-        acc += tg->weight * mc_load_elem(y, h, in);
-      }
-      mc_store_elem(row, h, in, acc);
+    /* element by element the same sum as 0 + w0*y0 + w1*y1 + ..., a row at a time */
+    memset(acc, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < r->n_targets; k++) {
+      const mc_target_t *tg = &r->targets[k];
+      mc_row_axpy(acc, tg->weight,
+                  (const unsigned char *)args->expert_y + ((uint64_t)tg->expert * cap + (uint64_t)tg->pos) * row_bytes,
+                  H, in);
     }
+    mc_row_store(row, acc, H, in);
     int first = (r->src_rank / G) * G;
     for (int p = first; p < first + G; p++) {
       mc_cpu_put_signal(a2a, p, mc_comb_recv_off(s, a2a->comm->rank, r->token), row, row_bytes,
@@ -70,6 +70,7 @@ mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
   const uint16_t *dests = mc_cpu_ws(a2a, mc_ws_dests_off(s)), *n_dests = mc_cpu_ws(a2a, mc_ws_ndests_off(s));
   const uint32_t *expect = mc_cpu_ws(a2a, mc_ws_expect_off(s));
   uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
+  float *acc = mc_cpu_ws(a2a, mc_ws_acc_off(s));
   mc_result_t rc;
 
   for (int src = 0; src < W; src++) {
@@ -81,11 +82,9 @@ mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
   for (int t = 0; t < c->m_eff; t++) {
     unsigned char *o = (unsigned char *)args->out + (uint64_t)t * out_row;
     const uint16_t *d = dests + (int64_t)t * K;
-    for (int h = 0; h < H; h++) {
-      float acc = 0.0f;
-      for (int j = 0; j < n_dests[t]; j++) acc += mc_load_elem(win + mc_comb_recv_off(s, d[j], t), h, in);
-      mc_store_elem(o, h, out_dt, acc);
-    }
+    memset(acc, 0, sizeof(float) * (size_t)H);
+    for (int j = 0; j < n_dests[t]; j++) mc_row_axpy(acc, 1.0f, win + mc_comb_recv_off(s, d[j], t), H, in);
+    mc_row_store(o, acc, H, out_dt);
   }
   for (int p = 0; p < W; p++)
     if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_BAR, p, a2a->round, NULL))) return rc;

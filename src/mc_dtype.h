@@ -72,4 +72,28 @@ MC_HD void mc_store_elem(void *row, int64_t i, mc_dtype_t dt, float v) {
   else ((uint16_t *)row)[i] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v) : mc_f32_to_f16(v);
 }
 
+/* acc[i] += w * row[i] (w == 1: acc[i] += row[i], the same bits as 1 * x)
+ * for a whole row: the dtype switch once per row, not per element. */
+static inline void mc_row_axpy(float *acc, float w, const void *row, int64_t n, mc_dtype_t dt) {
+  if (dt == MC_DTYPE_FP32) {
+    const float *r = (const float *)row;
+    for (int64_t i = 0; i < n; i++) acc[i] += w * r[i];
+  } else if (dt == MC_DTYPE_BF16) {
+    const uint16_t *r = (const uint16_t *)row;
+    for (int64_t i = 0; i < n; i++) acc[i] += w * mc_bf16_to_f32(r[i]);
+  } else {
+    const uint16_t *r = (const uint16_t *)row;
+    for (int64_t i = 0; i < n; i++) acc[i] += w * mc_f16_to_f32(r[i]);
+  }
+}
+
+/* row[i] = acc[i] rounded to dt. */
+static inline void mc_row_store(void *row, const float *acc, int64_t n, mc_dtype_t dt) {
+  if (dt == MC_DTYPE_FP32) memcpy(row, acc, (size_t)n * sizeof(float));
+  else if (dt == MC_DTYPE_BF16)
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = mc_f32_to_bf16(acc[i]);
+  else
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = mc_f32_to_f16(acc[i]);
+}
+
 #endif

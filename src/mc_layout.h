@@ -161,6 +161,7 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *             (source, local expert) in expert_x this round
  *   sendcnt   [world_size + num_experts] uint32: dispatch-send's records per
  *             destination rank, then records per global expert
+ *   acc       [hidden] float: one fp32 row being summed (cpu transport)
  */
 typedef struct mc_route_entry {
   int32_t src_rank;
@@ -195,9 +196,12 @@ MC_HD uint64_t mc_ws_sendcnt_off(const mc_shape_t *s) {
   return mc_ws_base_off(s) +
          mc_align_up((uint64_t)s->world_size * mc_num_local_experts(s) * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+MC_HD uint64_t mc_ws_acc_off(const mc_shape_t *s) {
   return mc_ws_sendcnt_off(s) +
          mc_align_up(((uint64_t)s->world_size + s->num_experts) * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_acc_off(s) + mc_align_up((uint64_t)s->hidden * sizeof(float), MC_ALIGN);
 }
 
 #endif /* MC_LAYOUT_H */
