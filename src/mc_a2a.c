@@ -7,10 +7,6 @@
 
 #include "mc_internal.h"
 
-static const mc_transport_ops_t *ops_for(mc_transport_t t) {
-  return t == MC_TRANSPORT_CPU ? &mc_cpu_ops : NULL;
-}
-
 static int misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
 
 static int dtype_ok(mc_dtype_t d) { return mc_dtype_size(d) != 0; }
@@ -58,7 +54,7 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
   if (!config) return mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_A2A_CONFIG_INITIALIZER)");
   mc_result_t rc = check_config(comm->err, comm, config);
   if (rc != MC_SUCCESS) return rc;
-  const mc_transport_ops_t *ops = ops_for(comm->transport);
+  const mc_transport_ops_t *ops = mc_transport_ops(comm->transport);
   if (!ops) return mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no transport '%s' in this build",
                            mc_transport_name(comm->transport));
 
@@ -124,6 +120,7 @@ mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats) {
   if (stats->size < sizeof *stats)
     return mc_fail_tls(MC_ERR_INVALID_ARG, "stats->size=%zu < %zu: set it to sizeof(mc_a2a_stats_t)",
                        stats->size, sizeof *stats);
+  if (a2a->ops->refresh_stats) a2a->ops->refresh_stats((mc_a2a_t *)a2a); /* counters live on the device */
   *stats = a2a->stats;
   return MC_SUCCESS;
 }
@@ -154,11 +151,17 @@ static mc_result_t check_flags_and_state(mc_a2a_t *a2a, const char *call, unsign
   return MC_SUCCESS;
 }
 
-/* After a transport failed: a timeout leaves peers out of step for good. */
+/* After a transport failed: a timeout leaves peers out of step for good; a
+ * round the device refused (bad input found there) is over, and the next
+ * step is a new dispatch-send. */
 static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
   if (rc == MC_ERR_TIMEOUT || rc == MC_ERR_CUDA || rc == MC_ERR_NVSHMEM || rc == MC_ERR_INTERNAL ||
       rc == MC_ERR_SYSTEM)
     a2a->aborted = 1;
+  if (a2a->refused) {
+    a2a->refused = 0;
+    a2a->next = MC_NEXT_DISPATCH_SEND;
+  }
   return rc;
 }
 

@@ -38,17 +38,43 @@ typedef struct {
   int world_size, group_size, transport, version;
 } comm_agreement_t;
 
+#ifdef MC_HAVE_NVSHMEM
+int mc_gpu_present(void);
+#endif
+
+const mc_transport_ops_t *mc_transport_ops(mc_transport_t t) {
+  if (t == MC_TRANSPORT_CPU) return &mc_cpu_ops;
+#ifdef MC_HAVE_NVSHMEM
+  if (t == MC_TRANSPORT_NVSHMEM) return &mc_nvshmem_ops;
+#endif
+  return NULL;
+}
+
 static mc_result_t pick_transport(mc_transport_t want, mc_transport_t *got) {
   switch (want) {
   case MC_TRANSPORT_AUTO:
-  case MC_TRANSPORT_CPU:
-    /* GPU transports are not part of this build yet: AUTO means cpu. */
+    /* the best this build and machine offer: a GPU transport where a GPU is */
+#ifdef MC_HAVE_NVSHMEM
+    if (mc_gpu_present()) {
+      *got = MC_TRANSPORT_NVSHMEM;
+      return MC_SUCCESS;
+    }
+#endif
     *got = MC_TRANSPORT_CPU;
     return MC_SUCCESS;
+  case MC_TRANSPORT_CPU:
   case MC_TRANSPORT_NVSHMEM:
   case MC_TRANSPORT_P2P:
-    return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' is not built into this libmoecomm",
-                       mc_transport_name(want));
+    if (!mc_transport_ops(want))
+      return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' is not built into this libmoecomm",
+                         mc_transport_name(want));
+#ifdef MC_HAVE_NVSHMEM
+    if (want != MC_TRANSPORT_CPU && !mc_gpu_present())
+      return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' needs a CUDA device and this process sees none",
+                         mc_transport_name(want));
+#endif
+    *got = want;
+    return MC_SUCCESS;
   }
   return mc_fail_tls(MC_ERR_INVALID_ARG, "config->transport=%d is not an mc_transport_t", (int)want);
 }
@@ -88,7 +114,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm->oob = *oob;
 
   /* Every rank must agree, or the first dispatch would corrupt memory. */
-  comm_agreement_t mine = {comm->world_size, comm->group_size, (int)config->transport, MC_VERSION};
+  comm_agreement_t mine = {comm->world_size, comm->group_size, (int)transport, MC_VERSION};
   comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
@@ -100,6 +126,8 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
                    r, comm->rank, all[r].world_size, mine.world_size, all[r].group_size,
                    mine.group_size, all[r].transport, mine.transport, all[r].version, mine.version);
   free(all);
+  const mc_transport_ops_t *ops = mc_transport_ops(transport);
+  if (rc == MC_SUCCESS && ops->comm_init) rc = ops->comm_init(comm);
   if (rc != MC_SUCCESS) {
     mc_set_tls_error(comm->err);
     free(comm);
@@ -115,6 +143,8 @@ mc_result_t mc_comm_destroy(mc_comm_t *comm) {
     return mc_fail(comm->err, MC_ERR_INVALID_USAGE,
                    "%d all-to-all handle(s) made from this communicator are not destroyed yet",
                    comm->live_a2a);
+  const mc_transport_ops_t *ops = mc_transport_ops(comm->transport);
+  if (ops && ops->comm_fini) ops->comm_fini(comm);
   free(comm);
   return MC_SUCCESS;
 }

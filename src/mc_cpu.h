@@ -16,8 +16,6 @@ typedef struct mc_cpu {
   int n_route;           /* records dispatch-recv took in this round */
 } mc_cpu_t;
 
-enum { MC_SIG_SET = 0, MC_SIG_ADD = 1 };
-
 /* Copy bytes to offset dst_off of peer's window, then update peer's signal
  * (slot, indexed by this rank) with release order: "flags after data". */
 void mc_cpu_put_signal(mc_a2a_t *a2a, int peer, uint64_t dst_off, const void *src, uint64_t bytes,

@@ -175,10 +175,13 @@ static void cpu_a2a_destroy(mc_a2a_t *a2a) { unmap_all(a2a); }
 
 const mc_transport_ops_t mc_cpu_ops = {
     "cpu",
+    NULL,
+    NULL,
     cpu_a2a_create,
     cpu_a2a_destroy,
     mc_cpu_dispatch_send,
     mc_cpu_dispatch_recv,
     mc_cpu_combine_send,
     mc_cpu_combine_recv,
+    NULL,
 };

@@ -15,6 +15,7 @@ struct mc_comm {
   int device;
   mc_oob_t oob;
   int live_a2a; /* handles not yet destroyed; destroy refuses while > 0 */
+  int owns_nvshmem; /* we initialised NVSHMEM, so we finalise it */
   char err[MC_ERRTEXT_LEN];
 };
 
@@ -54,6 +55,8 @@ struct mc_a2a {
   void *impl;        /* the transport's state */
   mc_phase_t next;
   int aborted;       /* a wait timed out: peers are out of step, only destroy is left */
+  int refused;       /* the transport refused this round's input after the call returned
+                        (checked on the device): the round is over, dispatch-send is next */
   uint32_t round;    /* 1-based number of the round in progress or last done */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
@@ -65,15 +68,23 @@ struct mc_a2a {
  * it checks what only it can read (indices, bound_m) before sending anything. */
 struct mc_transport_ops {
   const char *name;
+  mc_result_t (*comm_init)(mc_comm_t *comm); /* optional: start the transport (collective) */
+  void (*comm_fini)(mc_comm_t *comm);        /* optional */
   mc_result_t (*a2a_create)(mc_a2a_t *a2a);
   void (*a2a_destroy)(mc_a2a_t *a2a);
   mc_result_t (*dispatch_send)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*dispatch_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*combine_send)(mc_a2a_t *a2a, const mc_combine_args_t *args);
   mc_result_t (*combine_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args);
+  void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
 };
 
 extern const mc_transport_ops_t mc_cpu_ops;
+#ifdef MC_HAVE_NVSHMEM
+extern const mc_transport_ops_t mc_nvshmem_ops;
+#endif
+/* The table for a transport this build has, or NULL. */
+const mc_transport_ops_t *mc_transport_ops(mc_transport_t t);
 
 /* Collective helpers over the comm's oob, with the failure written to comm->err. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);

@@ -57,6 +57,9 @@ enum {
   MC_SIG_COUNT = 4
 };
 
+/* How a put or signal updates the receiver's signal word. */
+enum { MC_SIG_SET = 0, MC_SIG_ADD = 1 };
+
 typedef struct mc_target {
   int32_t expert; /* global id in a record; local id in a route entry */
   int32_t pos;    /* record: index among this source's records for that expert;
@@ -162,7 +165,22 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *   sendcnt   [world_size + num_experts] uint32: dispatch-send's records per
  *             destination rank, then records per global expert
  *   acc       [hidden] float: one fp32 row being summed (cpu transport)
+ *   ridx      [src_cap][topk] uint32: for each token this rank sends, its
+ *             record index at each destination (GPU: prep -> send kernel)
+ *   scalars   MC_WS_NSCALARS uint32 (MC_WS_*): state the GPU kernels hand
+ *             each other through device memory, so a captured graph replays
+ *   stats     MC_WS_NSTATS uint64: what was sent, counted on the device
  */
+enum {
+  MC_WS_ROUND = 0,  /* the round number, incremented on the device by dispatch-send */
+  MC_WS_M_EFF,      /* valid tokens of this round (bound_m applied) */
+  MC_WS_N_ROUTE,    /* records dispatch-recv took in */
+  MC_WS_BAD,        /* 1: this round's input was refused on the device */
+  MC_WS_DONE_DRECV, /* blocks finished, for the last-block update of running totals */
+  MC_WS_DONE_CRECV,
+  MC_WS_NSCALARS = 8
+};
+enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {
   int32_t src_rank;
   int32_t token;
@@ -200,8 +218,17 @@ MC_HD uint64_t mc_ws_acc_off(const mc_shape_t *s) {
   return mc_ws_sendcnt_off(s) +
          mc_align_up(((uint64_t)s->world_size + s->num_experts) * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+MC_HD uint64_t mc_ws_ridx_off(const mc_shape_t *s) {
   return mc_ws_acc_off(s) + mc_align_up((uint64_t)s->hidden * sizeof(float), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_scalars_off(const mc_shape_t *s) {
+  return mc_ws_ridx_off(s) + mc_align_up((uint64_t)mc_src_cap(s) * s->topk * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
+  return mc_ws_scalars_off(s) + mc_align_up(MC_WS_NSCALARS * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t);
 }
 
 #endif /* MC_LAYOUT_H */

@@ -1,0 +1,90 @@
+/* mc_dev.cuh - device helpers every GPU kernel uses: memory-ordering
+ * operations named after the PTX they emit, the bounded wait, failure
+ * recording, and 16-byte copies. */
+#ifndef MC_DEV_CUH
+#define MC_DEV_CUH
+
+#include <stdint.h>
+
+#include "mc_gpu.h"
+
+#define MC_DEV static __device__ __forceinline__
+
+/* ld.acquire.sys: a load that later loads cannot pass; sees the writes a
+ * peer released before it updated this word (a signal), from any GPU. */
+MC_DEV uint64_t mc_ld_acquire_sys_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MC_DEV uint32_t mc_ld_volatile_u32(const volatile uint32_t *p) { return *p; }
+
+/* %globaltimer: nanoseconds, coarse but monotone: enough for timeouts. */
+MC_DEV uint64_t mc_globaltimer_ns(void) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Record the first failure of this round and make every later wait bail.
+ * The code is written last, after a system-scope fence, so the host never
+ * reads half a record. */
+MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int peer, int slot, int token,
+                        int k, int value, uint64_t expected, uint64_t seen, uint32_t round) {
+  if (atomicCAS((int *)&e->claimed, 0, 1) != 0) return;
+  e->phase = phase;
+  e->rank = rank;
+  e->peer = peer;
+  e->slot = slot;
+  e->token = token;
+  e->k = k;
+  e->value = value;
+  e->expected = expected;
+  e->seen = seen;
+  e->round = round;
+  __threadfence_system();
+  *(volatile int32_t *)&e->code = code;
+  __threadfence_system();
+}
+
+MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int32_t *)&e->claimed != 0; }
+
+/* Wait until *sig >= target, for at most a->timeout_ns. Returns 0 when it
+ * arrived, 1 when this or another thread failed (the caller exits). */
+MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
+                          int slot, uint32_t round) {
+  uint64_t v = mc_ld_acquire_sys_u64(sig);
+  if (v >= target) return 0;
+  uint64_t deadline = mc_globaltimer_ns() + a->timeout_ns;
+  for (uint32_t it = 1;; it++) {
+    v = mc_ld_acquire_sys_u64(sig);
+    if (v >= target) return 0;
+    if ((it & 255u) == 0) {
+      if (mc_dev_failed(a->err)) return 1;
+      if (mc_globaltimer_ns() > deadline) {
+        mc_dev_fail(a->err, MC_DEVERR_TIMEOUT, phase, a->rank, peer, slot, -1, -1, 0, target, v, round);
+        return 1;
+      }
+    }
+  }
+}
+
+/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp. */
+MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane) {
+  int4 *d = (int4 *)dst;
+  const int4 *s = (const int4 *)src;
+  for (uint64_t i = (uint64_t)lane; i < bytes / 16; i += 32) d[i] = s[i];
+}
+/* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp. */
+MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
+  int *d = (int *)dst;
+  const int *s = (const int *)src;
+  for (uint64_t i = (uint64_t)lane; i < bytes / 4; i += 32) d[i] = s[i];
+}
+
+MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }
+MC_DEV uint64_t *mc_sig_local(const mc_kargs_t *a, int slot, int peer) {
+  return (uint64_t *)(a->win + mc_sig_off(&a->s, slot, peer));
+}
+
+#endif

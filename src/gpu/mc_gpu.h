@@ -1,0 +1,57 @@
+/* mc_gpu.h - what the host side and the GPU kernels of both GPU transports
+ * share: the kernel argument block, the device error slot, and the launch
+ * entry points the transports' .cu files implement. Plain C. */
+#ifndef MC_GPU_H
+#define MC_GPU_H
+
+#include <stdint.h>
+
+#include "../mc_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a kernel failed. Lives in host-mapped pinned memory: the device
+ * writes it and exits, the host reads it at the next call without a sync. */
+enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV };
+enum { MC_DEVERR_NONE = 0, MC_DEVERR_TIMEOUT = 1, MC_DEVERR_BAD_EXPERT = 2, MC_DEVERR_DUP_EXPERT = 3,
+       MC_DEVERR_BAD_BOUND = 4 };
+
+typedef struct mc_dev_error {
+  int32_t code;  /* MC_DEVERR_*; 0 while nothing failed (written last) */
+  int32_t phase; /* MC_PHASE_* */
+  int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
+  int32_t token, k, value;  /* bad input: indices[token][k] = value, or *bound_m = value */
+  uint64_t expected, seen;
+  uint32_t round;
+  int32_t claimed; /* 0 -> 1 by the first failing thread */
+} mc_dev_error_t;
+
+/* Everything a kernel needs, passed by value. Pointers are device pointers;
+ * win is this rank's window (symmetric: peers' windows carve the same). */
+typedef struct mc_kargs {
+  mc_shape_t s;
+  int rank;
+  int in_dtype, out_dtype;
+  unsigned char *win;
+  unsigned char *ws;
+  const void *tokens, *scales;
+  const int32_t *indices;
+  const float *weights;
+  int m;
+  const int32_t *bound_m;
+  void *expert_x, *expert_scale;
+  int32_t *expert_count;
+  const void *expert_y;
+  void *out;
+  mc_dev_error_t *err;
+  uint64_t timeout_ns;
+  void *peers; /* transport-specific: p2p's table of peer window addresses */
+} mc_kargs_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,148 @@
+/* mc_gpu_host.c - the host side the GPU transports share: memory the
+ * kernels need besides the window, the grid, and device failures reported
+ * as results with the same words as the cpu transport's. */
+#include "mc_gpu_host.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+int mc_gpu_present(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/* Blocks per big kernel: the SMs this process may use. Under MPS with
+ * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=p only p% of them run its blocks;
+ * MC_GPU_BLOCKS overrides. */
+static int grid_size(int device) {
+  const char *env = getenv("MC_GPU_BLOCKS");
+  if (env && atoi(env) > 0) return atoi(env);
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
+  const char *pct = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  int p = pct ? atoi(pct) : 100;
+  if (p < 1 || p > 100) p = 100;
+  int g = sms * p / 100;
+  return g < 1 ? 1 : g;
+}
+
+void mc_gpu_free(mc_gpu_t *g) {
+  if (!g) return;
+  if (g->ws) cudaFree(g->ws);
+  if (g->err_h) cudaFreeHost(g->err_h);
+  free(g->peers);
+  free(g);
+}
+
+mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
+  const mc_shape_t *s = &a2a->shape;
+  if (s->num_experts > 4096 || s->world_size > 1024)
+    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
+                   "GPU transports support up to 4096 experts and 1024 ranks (num_experts=%d, world_size=%d)",
+                   s->num_experts, s->world_size);
+  mc_gpu_t *g = calloc(1, sizeof *g);
+  if (!g) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  a2a->impl = g;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  g->grid = grid_size(dev);
+  cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
+  if (e == cudaSuccess) e = cudaMemset(g->ws, 0, mc_workspace_bytes(s));
+  if (e == cudaSuccess) e = cudaHostAlloc((void **)&g->err_h, sizeof(mc_dev_error_t), cudaHostAllocMapped);
+  if (e == cudaSuccess) {
+    memset(g->err_h, 0, sizeof *g->err_h);
+    e = cudaHostGetDevicePointer((void **)&g->err_d, g->err_h, 0);
+  }
+  if (e != cudaSuccess)
+    return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: allocating the GPU workspace (%llu bytes): %s", a2a->comm->rank,
+                   (unsigned long long)mc_workspace_bytes(s), cudaGetErrorString(e));
+  return MC_SUCCESS;
+}
+
+static const char *phase_name(int p) {
+  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+  return p >= 0 && p < 4 ? n[p] : "?";
+}
+static const char *slot_name(int s) {
+  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows", "combine entry (round barrier)"};
+  return s >= 0 && s < 4 ? n[s] : "?";
+}
+
+static mc_result_t device_error(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  volatile mc_dev_error_t *e = g->err_h;
+  int code = e->code;
+  if (code == MC_DEVERR_NONE) return MC_SUCCESS;
+  __sync_synchronize();
+  mc_result_t rc;
+  if (code == MC_DEVERR_TIMEOUT) {
+    return mc_fail(a2a->err, MC_ERR_TIMEOUT,
+                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round %u",
+                   phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
+                   (unsigned long long)e->expected, (unsigned long long)e->seen, e->round);
+  }
+  if (code == MC_DEVERR_BAD_EXPERT)
+    rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                 "mc_dispatch (checked on the device): indices[%d][%d]=%d is not an expert id in 0..%d; "
+                 "the round was not sent",
+                 e->token, e->k, e->value, a2a->shape.num_experts - 1);
+  else if (code == MC_DEVERR_DUP_EXPERT)
+    rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                 "mc_dispatch (checked on the device): indices[%d] names expert %d twice (position %d); "
+                 "the round was not sent",
+                 e->token, e->value, e->k);
+  else
+    rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                 "mc_dispatch (checked on the device): *bound_m=%d is not in 0..m=%llu; the round was not sent",
+                 e->value, (unsigned long long)e->expected);
+  /* a refused round changed nothing on the device: clear and go on */
+  e->code = 0;
+  __sync_synchronize();
+  e->claimed = 0;
+  a2a->refused = 1;
+  return rc;
+}
+
+mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
+  mc_result_t rc = device_error(a2a);
+  if (rc != MC_SUCCESS) return rc;
+  mc_gpu_t *g = a2a->impl;
+  memset(ka, 0, sizeof *ka);
+  ka->s = a2a->shape;
+  ka->rank = a2a->comm->rank;
+  ka->in_dtype = (int)a2a->cfg.combine_in_dtype;
+  ka->out_dtype = (int)a2a->cfg.combine_out_dtype;
+  ka->win = g->win;
+  ka->ws = g->ws;
+  ka->err = g->err_d;
+  ka->timeout_ns = (uint64_t)a2a->comm->timeout_ms * 1000000ull;
+  ka->peers = g->peers;
+  if (d) {
+    ka->tokens = d->tokens;
+    ka->scales = d->scales;
+    ka->indices = d->indices;
+    ka->weights = d->weights;
+    ka->m = d->m;
+    ka->bound_m = d->bound_m;
+    ka->expert_x = d->expert_x;
+    ka->expert_scale = d->expert_scale;
+    ka->expert_count = d->expert_count;
+  }
+  if (c) {
+    ka->expert_y = c->expert_y;
+    ka->out = c->out;
+  }
+  return MC_SUCCESS;
+}
+
+void mc_gpu_refresh_stats(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  uint64_t st[MC_WS_NSTATS];
+  cudaDeviceSynchronize();
+  if (cudaMemcpy(st, g->ws + mc_ws_stats_off(&a2a->shape), sizeof st, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  a2a->stats.dispatch_records_sent = st[MC_STAT_DREC];
+  a2a->stats.dispatch_bytes_sent = st[MC_STAT_DBYTES];
+  a2a->stats.combine_rows_sent = st[MC_STAT_CROWS];
+  a2a->stats.combine_bytes_sent = st[MC_STAT_CBYTES];
+}

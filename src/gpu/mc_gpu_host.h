@@ -1,0 +1,31 @@
+/* mc_gpu_host.h - host-side state and helpers shared by the two GPU
+ * transports (nvshmem, p2p): the workspace, the mapped error slot, grid
+ * sizing, kernel argument blocks, device errors turned into results. */
+#ifndef MC_GPU_HOST_H
+#define MC_GPU_HOST_H
+
+#include "../mc_internal.h"
+#include "mc_gpu.h"
+
+typedef struct mc_gpu {
+  unsigned char *win;      /* this rank's window (symmetric heap or IPC-exported) */
+  unsigned char *ws;       /* device workspace */
+  mc_dev_error_t *err_h;   /* host view of the mapped error slot */
+  mc_dev_error_t *err_d;   /* device view */
+  int grid;                /* blocks of the big kernels */
+  void *peers;             /* transport-specific */
+} mc_gpu_t;
+
+/* Allocate workspace and error slot, size the grid. a2a->impl is set. */
+mc_result_t mc_gpu_create(mc_a2a_t *a2a);
+void mc_gpu_free(mc_gpu_t *g);
+/* Report a failure the device recorded since the last call (and clear a
+ * refused-input record: the handle stays usable). Then fill a kernel
+ * argument block from the call's arguments (either may be NULL). */
+mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c);
+/* Copy the device-side counters into a2a->stats (synchronises the device). */
+void mc_gpu_refresh_stats(mc_a2a_t *a2a);
+/* 1 if this process sees at least one CUDA device. */
+int mc_gpu_present(void);
+
+#endif

@@ -1,0 +1,428 @@
+/* mc_gpu_kernels.cuh - dispatch and combine on the GPU, written once for
+ * both GPU transports. The including .cu file first defines the device-side
+ * transport interface:
+ *
+ *   mc_t_put_signal_warp(a, dst_off, src, bytes, slot, value, op, pe)
+ *       warp-collective: copy bytes from src (this rank's window or device
+ *       memory) to offset dst_off of rank pe's window, then update pe's
+ *       signal (slot, indexed by this rank) after the data (SET or ADD).
+ *   mc_t_signal(a, slot, value, op, pe)       one thread: update a signal.
+ *
+ * and waits use mc_dev_wait_ge on this rank's own window. The protocol is
+ * the cpu transport's, step for step (src/mc_cpu_dispatch.c and
+ * src/mc_cpu_combine.c say it in prose); the layout is src/mc_layout.h.
+ *
+ * Why round i+1 cannot overwrite what a peer still reads from round i
+ * (the same argument as on the cpu, now across kernels):
+ * - disp_recv/disp_meta at rank d are written by s's dispatch-send(i+1),
+ *   launched after s's combine-recv(i) kernel, which waited for every rank's
+ *   COMB_BAR(i), which d set at the start of its combine-send(i), a kernel
+ *   launched after d's dispatch-recv(i) finished reading them.
+ * - comb_recv at rank r is written by d's combine-send(i+1), after d's
+ *   dispatch-recv(i+1) waited for r's meta(i+1), which r's dispatch-send(i+1)
+ *   sends after r's combine-recv(i) finished reading comb_recv.
+ * - staging (disp_send, meta_send, comb_send) is the source of non-blocking
+ *   puts: round i's puts have landed (their receivers saw the signals that
+ *   follow them) before anyone sends the metas or barrier signals round i+1
+ *   waits for, so rewriting staging in round i+1 is safe.
+ * - Running totals (records, rows) and round-tagged SETs (meta, barrier):
+ *   no signal is ever reset, so no reset can race with a peer's update.
+ *   The round number itself lives in device memory (MC_WS_ROUND), bumped by
+ *   the prep kernel, so a captured CUDA graph replays correctly.
+ *
+ * Determinism: record positions come from a warp scan in token order, slots
+ * from (source rank, position); sums use __fadd_rn/__fmul_rn (no fma
+ * contraction) in the documented order. Same bits as the cpu reference. */
+#ifndef MC_GPU_KERNELS_CUH
+#define MC_GPU_KERNELS_CUH
+
+#include "../mc_dtype.h"
+#include "../mc_route.h"
+#include "mc_dev.cuh"
+
+#define MC_THREADS 512
+#define MC_PREP_THREADS 1024
+#define MC_GPU_MAX_EXPERTS 4096 /* shared-memory scan state of the prep kernel */
+#define MC_GPU_MAX_RANKS 1024
+
+/* ---- 8 elements at a time: 16 bytes of bf16/fp16, 32 of fp32 ---- */
+MC_DEV void mc_load8(const void *row, int64_t i8, int dt, float v[8]) {
+  if (dt == MC_DTYPE_FP32) {
+    const float4 *p = (const float4 *)row + 2 * i8;
+    float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    int4 q = ((const int4 *)row)[i8];
+    const uint16_t *h = (const uint16_t *)&q;
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h[j]) : mc_f16_to_f32(h[j]);
+  }
+}
+MC_DEV void mc_store8(void *row, int64_t i8, int dt, const float v[8]) {
+  if (dt == MC_DTYPE_FP32) {
+    float4 *p = (float4 *)row + 2 * i8;
+    p[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    int4 q;
+    uint16_t *h = (uint16_t *)&q;
+#pragma unroll
+    for (int j = 0; j < 8; j++) h[j] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v[j]) : mc_f32_to_f16(v[j]);
+    ((int4 *)row)[i8] = q;
+  }
+}
+
+MC_DEV uint32_t mc_lanemask_lt(void) {
+  uint32_t m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+/* ---- dispatch-send, part 1: check, route, scan (one block) ----
+ * Checks every valid token's top-k before anything is sent: a bad round
+ * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
+ * token's destination ranks (all members of a group need them for combine)
+ * and the rows expected back; for this rank's chunk, one warp scans tokens
+ * in order with per-expert and per-rank lane masks to give each record its
+ * position per expert and its index per destination, writes the record
+ * headers into staging, and the metas. */
+__global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), E = s->num_experts;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  extern __shared__ uint32_t smem[];
+  uint32_t *emask = smem, *ecount = smem + E, *rmask = smem + 2 * E, *rcount = smem + 2 * E + W;
+  __shared__ int bad;
+  if (tid == 0) bad = 0;
+  int m_eff = a.m;
+  if (a.bound_m) m_eff = *a.bound_m;
+  /* the round number moves on only once the input is accepted: a refused
+   * round leaves this rank exactly as it was */
+  const uint32_t round = sc[MC_WS_ROUND] + 1;
+  __syncthreads();
+  if (m_eff < 0 || m_eff > a.m) {
+    if (tid == 0) {
+      mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
+      sc[MC_WS_BAD] = 1;
+    }
+    return;
+  }
+  for (int t = tid; t < m_eff; t += blockDim.x) {
+    int k = 0, why = mc_route_check(a.indices + (int64_t)t * K, K, E, &k);
+    if (why != MC_ROUTE_OK) {
+      mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
+                  a.rank, -1, -1, t, k, a.indices[(int64_t)t * K + k], 0, 0, round);
+      bad = 1;
+    }
+  }
+  for (int i = tid; i < 2 * E + 2 * W; i += blockDim.x) smem[i] = 0;
+  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
+  for (int d = tid; d < W; d += blockDim.x) expect[d] = 0;
+  __syncthreads();
+  if (bad) {
+    if (tid == 0) sc[MC_WS_BAD] = 1;
+    return;
+  }
+  if (tid == 0) {
+    sc[MC_WS_BAD] = 0;
+    sc[MC_WS_M_EFF] = (uint32_t)m_eff;
+    sc[MC_WS_ROUND] = round; /* later kernels read it; this block no longer does */
+  }
+  uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  for (int t = tid; t < m_eff; t += blockDim.x) {
+    int n = mc_route_dests(a.indices + (int64_t)t * K, K, L, dests + (int64_t)t * K);
+    n_dests[t] = (uint16_t)n;
+    for (int j = 0; j < n; j++) atomicAdd(&expect[dests[(int64_t)t * K + j]], 1u);
+  }
+  __syncthreads();
+
+  int begin, end;
+  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  if (warp == 0) {
+    for (int base = begin; base < end; base += 32) {
+      const int t = base + lane;
+      const bool valid = t < end;
+      const int32_t *idx = a.indices + (int64_t)t * K;
+      const uint16_t *d = dests + (int64_t)t * K;
+      const int nd = valid ? n_dests[t] : 0;
+      if (valid) {
+        for (int k = 0; k < K; k++) atomicOr(&emask[idx[k]], 1u << lane);
+        for (int j = 0; j < nd; j++) atomicOr(&rmask[d[j]], 1u << lane);
+      }
+      __syncwarp();
+      const uint32_t lt = mc_lanemask_lt();
+      unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+      mc_record_header_t *h = (mc_record_header_t *)rec;
+      if (valid) {
+        int order[MC_MAX_TOPK];
+        mc_route_sorted(idx, K, order);
+        h->token = t;
+        h->n_targets = K;
+        for (int k = 0; k < K; k++) {
+          int e = idx[order[k]];
+          h->targets[k].expert = e;
+          h->targets[k].pos = (int32_t)(ecount[e] + __popc(emask[e] & lt));
+          h->targets[k].weight = a.weights ? a.weights[(int64_t)t * K + order[k]] : 1.0f;
+        }
+        for (int j = 0; j < nd; j++) ridx[(int64_t)(t - begin) * K + j] = rcount[d[j]] + __popc(rmask[d[j]] & lt);
+      }
+      __syncwarp();
+      /* the lowest lane holding an expert (rank) moves its count on and clears it */
+      if (valid) {
+        for (int k = 0; k < K; k++) {
+          uint32_t mk = emask[idx[k]];
+          if ((mk & lt) == 0 && mk) ecount[idx[k]] += __popc(mk), emask[idx[k]] = 0;
+        }
+        for (int j = 0; j < nd; j++) {
+          uint32_t mk = rmask[d[j]];
+          if ((mk & lt) == 0 && mk) rcount[d[j]] += __popc(mk), rmask[d[j]] = 0;
+        }
+      }
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  /* the metas: records per destination, then records per its local experts */
+  for (int d = tid; d < W; d += blockDim.x) {
+    uint32_t *meta = (uint32_t *)(a.win + mc_meta_send_off(s, d));
+    meta[0] = rcount[d];
+    for (int l = 0; l < L; l++) meta[1 + l] = ecount[d * L + l];
+  }
+  if (tid == 0) {
+    uint64_t recs = 0;
+    for (int d = 0; d < W; d++) recs += rcount[d];
+    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
+    st[MC_STAT_DREC] += recs;
+    st[MC_STAT_DBYTES] += recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s);
+  }
+}
+
+/* ---- dispatch-send, part 2: pack payloads and put (whole grid) ---- */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int K = s->topk, W = s->world_size, lane = threadIdx.x & 31;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const int m_eff = (int)sc[MC_WS_M_EFF];
+  const uint32_t round = sc[MC_WS_ROUND];
+  int begin, end;
+  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
+  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  const uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  const uint64_t rec_bytes = mc_record_bytes(s);
+  for (int t = begin + gw; t < end; t += nw) {
+    unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+    mc_warp_copy16(rec + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
+                   s->token_bytes, lane);
+    if (s->scale_bytes)
+      mc_warp_copy4(rec + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
+                    s->scale_bytes, lane);
+    __syncwarp();
+    for (int j = 0; j < n_dests[t]; j++) {
+      int d = dests[(int64_t)t * K + j];
+      mc_t_put_signal_warp(&a, mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]), rec, rec_bytes,
+                           MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
+    }
+  }
+  /* metas to every rank (zero records included), from the last warp */
+  if (gw == nw - 1)
+    for (int d = 0; d < W; d++)
+      mc_t_put_signal_warp(&a, mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s),
+                           MC_SIG_DISP_META, round, MC_SIG_SET, d);
+}
+
+/* ---- dispatch-recv (whole grid) ----
+ * Every block waits for all metas and computes the slot bases itself (a few
+ * hundred integers: cheaper than a grid-wide barrier); warps then take
+ * records in (source, index) order, wait until that source's records have
+ * all landed, and copy payload and scales into their slots. The last block
+ * to finish moves the running totals on. */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
+  const int tid = threadIdx.x, lane = tid & 31;
+  const uint32_t round = sc[MC_WS_ROUND];
+  extern __shared__ uint32_t smem[];
+  uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
+  __shared__ int abort_;
+  if (tid == 0) abort_ = 0;
+  __syncthreads();
+  for (int src = tid; src < W; src += blockDim.x)
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round))
+      abort_ = 1;
+  __syncthreads();
+  if (abort_) return;
+  for (int l = tid; l < L; l += blockDim.x) {
+    uint32_t run = 0;
+    for (int src = 0; src < W; src++) {
+      base[src * L + l] = run;
+      run += ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[1 + l];
+    }
+    if (blockIdx.x == 0) a.expert_count[l] = (int32_t)run;
+  }
+  if (tid == 0) {
+    prefix[0] = 0;
+    for (int src = 0; src < W; src++) prefix[src + 1] = prefix[src] + ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[0];
+  }
+  __syncthreads();
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
+  const int total = (int)prefix[W];
+  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  int waited_src = -1;
+  for (int i = gw; i < total; i += nw) {
+    int src = 0;
+    while (prefix[src + 1] <= (uint32_t)i) src++;
+    if (src != waited_src) {
+      int fail = 0;
+      if (lane == 0) {
+        uint64_t target = seen[MC_SIG_DISP_RECS * W + src] + (prefix[src + 1] - prefix[src]);
+        fail = mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src), target, MC_PHASE_DRECV, src,
+                              MC_SIG_DISP_RECS, round);
+      }
+      if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
+      waited_src = src;
+    }
+    const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
+    const mc_record_header_t *h = (const mc_record_header_t *)rec;
+    mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    int n = 0;
+    for (int k = 0; k < K; k++) {
+      mc_target_t tg = h->targets[k];
+      if (tg.expert / L != a.rank) continue;
+      int l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
+      mc_warp_copy16((unsigned char *)a.expert_x + ((uint64_t)l * cap + slot) * s->token_bytes,
+                     rec + mc_record_payload_off(s), s->token_bytes, lane);
+      if (s->scale_bytes)
+        mc_warp_copy4((unsigned char *)a.expert_scale + ((uint64_t)l * cap + slot) * s->scale_bytes,
+                      rec + mc_record_scale_off(s), s->scale_bytes, lane);
+      if (lane == 0) r->targets[n] = mc_target_t{l, slot, tg.weight};
+      n++;
+    }
+    if (lane == 0) {
+      r->src_rank = src;
+      r->token = h->token;
+      r->n_targets = n;
+    }
+  }
+  /* last block out: running totals of records move on by this round's counts */
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
+    if (done == gridDim.x - 1) {
+      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
+      for (int src = 0; src < W; src++) seen_w[MC_SIG_DISP_RECS * W + src] += prefix[src + 1] - prefix[src];
+      sc[MC_WS_N_ROUTE] = (uint32_t)total;
+      sc[MC_WS_DONE_DRECV] = 0;
+    }
+  }
+}
+
+/* ---- combine-send (whole grid) ----
+ * Enter the round barrier, then per received record: the fp32 sum of its
+ * experts' rows on this rank, weighted, ascending local expert, rounded to
+ * the wire dtype in staging, and put to every rank of the token's group. */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_send(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
+  const uint32_t round = sc[MC_WS_ROUND];
+  const int n_route = (int)sc[MC_WS_N_ROUTE];
+  if (blockIdx.x == 0)
+    for (int p = threadIdx.x; p < W; p += blockDim.x) mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
+  const uint64_t row_bytes = mc_row_bytes(s);
+  const int64_t n8 = s->hidden / 8;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  for (int i = gw; i < n_route; i += nw) {
+    const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    const int n = r->n_targets;
+    unsigned char *row = a.win + mc_comb_send_off(s, i);
+    for (int64_t j = lane; j < n8; j += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, y[8];
+      for (int k = 0; k < n; k++) {
+        mc_target_t tg = r->targets[k];
+        mc_load8((const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, j,
+                 a.in_dtype, y);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(tg.weight, y[e]));
+      }
+      mc_store8(row, j, a.in_dtype, acc);
+    }
+    __syncwarp();
+    const int first = (r->src_rank / G) * G;
+    for (int p = first; p < first + G; p++)
+      mc_t_put_signal_warp(&a, mc_comb_recv_off(s, a.rank, r->token), row, row_bytes, MC_SIG_COMB_ROWS, 1,
+                           MC_SIG_ADD, p);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
+    st[MC_STAT_CROWS] += (uint64_t)n_route * G;
+    st[MC_STAT_CBYTES] += (uint64_t)n_route * G * row_bytes;
+  }
+}
+
+/* ---- combine-recv (whole grid) ----
+ * Wait for every rank's rows, sum each token's rows in ascending rank order
+ * in fp32, round once; then wait for every rank's barrier signal of this
+ * round (nobody may start the next dispatch-send while a peer still reads
+ * this round's dispatch buffers). */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
+  const uint32_t round = sc[MC_WS_ROUND];
+  const int m_eff = (int)sc[MC_WS_M_EFF];
+  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
+  __shared__ int abort_;
+  if (tid == 0) abort_ = 0;
+  __syncthreads();
+  for (int src = tid; src < W; src += blockDim.x)
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), seen[MC_SIG_COMB_ROWS * W + src] + expect[src],
+                       MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round))
+      abort_ = 1;
+  __syncthreads();
+  if (abort_) return;
+  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
+  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  const int64_t n8 = s->hidden / 8;
+  const uint64_t out_row = (uint64_t)s->hidden * (a.out_dtype == MC_DTYPE_FP32 ? 4u : 2u);
+  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  for (int t = gw; t < m_eff; t += nw) {
+    const uint16_t *d = dests + (int64_t)t * K;
+    const int nd = n_dests[t];
+    for (int64_t j = lane; j < n8; j += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8];
+      for (int q = 0; q < nd; q++) {
+        mc_load8(a.win + mc_comb_recv_off(s, d[q], t), j, a.in_dtype, x);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], x[e]);
+      }
+      mc_store8((unsigned char *)a.out + (uint64_t)t * out_row, j, a.out_dtype, acc);
+    }
+  }
+  for (int p = tid; p < W; p += blockDim.x)
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
+      abort_ = 1;
+  __syncthreads();
+  if (abort_) return;
+  if (tid == 0) {
+    __threadfence();
+    unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
+    if (done == gridDim.x - 1) {
+      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
+      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += expect[src];
+      sc[MC_WS_DONE_CRECV] = 0;
+    }
+  }
+}
+
+#endif

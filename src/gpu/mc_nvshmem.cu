@@ -1,0 +1,198 @@
+/* mc_nvshmem.cu - the nvshmem transport: NVSHMEM's put-with-signal, signal
+ * and a bounded poll under the shared GPU kernels, plus the host side
+ * (NVSHMEM start-up over the communicator's allgather, the symmetric
+ * window, launches, device error reporting). Every NVSHMEM call of moecomm
+ * lives in this file; the rest of the library sees extern "C" functions.
+ *
+ * The kernels put only to symmetric addresses and never load or store a
+ * peer's memory directly, so NVSHMEM's network transports (IBGDA, IBRC,
+ * libfabric/EFA) carry them unchanged. */
+#include <cuda_runtime.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "../mc_internal.h"
+#include "mc_gpu_host.h"
+}
+
+/* ---- the device-side transport interface ---- */
+static __device__ __forceinline__ void mc_t_put_signal_warp(const mc_kargs_t *a, uint64_t dst_off, const void *src,
+                                                            uint64_t bytes, int slot, uint64_t value, int op, int pe) {
+  uint64_t *sig = (uint64_t *)(a->win + mc_sig_off(&a->s, slot, a->rank));
+  nvshmemx_putmem_signal_nbi_warp(a->win + dst_off, src, bytes, sig, value,
+                                  op == MC_SIG_ADD ? NVSHMEM_SIGNAL_ADD : NVSHMEM_SIGNAL_SET, pe);
+}
+static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *a, int slot, uint64_t value, int op, int pe) {
+  uint64_t *sig = (uint64_t *)(a->win + mc_sig_off(&a->s, slot, a->rank));
+  nvshmemx_signal_op(sig, value, op == MC_SIG_ADD ? NVSHMEM_SIGNAL_ADD : NVSHMEM_SIGNAL_SET, pe);
+}
+
+#include "mc_gpu_kernels.cuh"
+
+/* ---- start-up ---- */
+
+extern "C" mc_result_t mc_nvshmem_comm_init(mc_comm_t *comm) {
+  if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
+    return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
+  if (nvshmemx_init_status() >= NVSHMEM_STATUS_IS_INITIALIZED) {
+    /* The application started NVSHMEM itself: attach if it agrees with us. */
+    if (nvshmem_my_pe() != comm->rank || nvshmem_n_pes() != comm->world_size)
+      return mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                     "NVSHMEM is already initialised as PE %d of %d, but this communicator is rank %d of %d",
+                     nvshmem_my_pe(), nvshmem_n_pes(), comm->rank, comm->world_size);
+    comm->owns_nvshmem = 0;
+    return MC_SUCCESS;
+  }
+  /* Unique-id bootstrap over the caller's allgather: rank 0 draws the id. */
+  nvshmemx_uniqueid_t id, *all = (nvshmemx_uniqueid_t *)malloc(sizeof id * (size_t)comm->world_size);
+  if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  memset(&id, 0, sizeof id);
+  if (comm->rank == 0 && nvshmemx_get_uniqueid(&id) != 0) {
+    free(all);
+    return mc_fail(comm->err, MC_ERR_NVSHMEM, "rank 0: nvshmemx_get_uniqueid failed");
+  }
+  mc_result_t rc = mc_comm_allgather(comm, &id, all, sizeof id);
+  if (rc != MC_SUCCESS) {
+    free(all);
+    return rc;
+  }
+  id = all[0];
+  free(all);
+  nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
+  if (nvshmemx_set_attr_uniqueid_args(comm->rank, comm->world_size, &id, &attr) != 0 ||
+      nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) != 0)
+    return mc_fail(comm->err, MC_ERR_NVSHMEM, "rank %d: NVSHMEM initialisation (unique id, %d PEs) failed",
+                   comm->rank, comm->world_size);
+  comm->owns_nvshmem = 1;
+  return MC_SUCCESS;
+}
+
+extern "C" void mc_nvshmem_comm_fini(mc_comm_t *comm) {
+  if (comm->owns_nvshmem) nvshmem_finalize();
+  comm->owns_nvshmem = 0;
+}
+
+/* ---- the a2a handle ---- */
+
+static mc_gpu_t *gpu(mc_a2a_t *a2a) { return (mc_gpu_t *)a2a->impl; }
+
+static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
+  return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: %s: %s", a2a->comm->rank, what, cudaGetErrorString(e));
+}
+
+static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
+  mc_gpu_t *g = gpu(a2a);
+  if (!g) return;
+  cudaDeviceSynchronize();
+  if (g->win) nvshmem_free(g->win); /* collective: every rank destroys its handle */
+  mc_gpu_free(g);
+  a2a->impl = NULL;
+}
+
+static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
+  mc_result_t rc = mc_gpu_create(a2a);
+  if (rc != MC_SUCCESS) return rc;
+  mc_gpu_t *g = gpu(a2a);
+  g->win = (unsigned char *)nvshmem_malloc(mc_window_bytes(&a2a->shape));
+  if (!g->win) {
+    nvshmem_a2a_destroy(a2a);
+    return mc_fail(a2a->err, MC_ERR_NVSHMEM,
+                   "rank %d: nvshmem_malloc(%llu) failed: raise NVSHMEM_SYMMETRIC_SIZE", a2a->comm->rank,
+                   (unsigned long long)mc_window_bytes(&a2a->shape));
+  }
+  /* signals start at zero on every rank before anyone can signal */
+  cudaError_t e = cudaMemset(g->win, 0, mc_window_bytes(&a2a->shape));
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    nvshmem_a2a_destroy(a2a);
+    return cuda_fail(a2a, e, "clearing the window");
+  }
+  nvshmem_barrier_all();
+  a2a->stats.buffer_bytes = mc_window_bytes(&a2a->shape) + mc_workspace_bytes(&a2a->shape);
+  return MC_SUCCESS;
+}
+
+/* Launch one half's kernels; a launch error is a CUDA failure of this call. */
+static mc_result_t launch(mc_a2a_t *a2a, int half, const mc_kargs_t *ka, cudaStream_t st) {
+  mc_gpu_t *g = gpu(a2a);
+  const mc_shape_t *s = &a2a->shape;
+  size_t prep_smem = sizeof(uint32_t) * (2 * (size_t)s->num_experts + 2 * (size_t)s->world_size);
+  size_t recv_smem = sizeof(uint32_t) * ((size_t)s->num_experts + (size_t)s->world_size + 1);
+  switch (half) {
+  case MC_PHASE_DSEND:
+    mc_k_dispatch_prep<<<1, MC_PREP_THREADS, prep_smem, st>>>(*ka);
+    mc_k_dispatch_send<<<g->grid, MC_THREADS, 0, st>>>(*ka);
+    break;
+  case MC_PHASE_DRECV: mc_k_dispatch_recv<<<g->grid, MC_THREADS, recv_smem, st>>>(*ka); break;
+  case MC_PHASE_CSEND: mc_k_combine_send<<<g->grid, MC_THREADS, 0, st>>>(*ka); break;
+  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(*ka); break;
+  }
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
+}
+
+static mc_result_t dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, args, NULL);
+  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_DSEND, &ka, (cudaStream_t)args->stream);
+}
+static mc_result_t drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, args, NULL);
+  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_DRECV, &ka, (cudaStream_t)args->stream);
+}
+static mc_result_t csend(mc_a2a_t *a2a, const mc_combine_args_t *args) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, args);
+  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_CSEND, &ka, (cudaStream_t)args->stream);
+}
+static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, args);
+  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_CRECV, &ka, (cudaStream_t)args->stream);
+}
+
+extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
+    "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
+    dsend,       drecv,                csend,                crecv,              mc_gpu_refresh_stats,
+};
+
+/* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */
+
+extern "C" mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup,
+                                                 float *times_us) {
+  size_t total = bytes_per_peer * (size_t)comm->world_size;
+  void *src = nvshmem_malloc(total), *dst = nvshmem_malloc(total);
+  if (!src || !dst) {
+    if (src) nvshmem_free(src);
+    if (dst) nvshmem_free(dst);
+    return mc_fail(comm->err, MC_ERR_NVSHMEM, "nvshmem_malloc of 2 x %zu bytes failed (NVSHMEM_SYMMETRIC_SIZE)", total);
+  }
+  cudaMemset(src, 0x5a, total);
+  cudaStream_t st;
+  cudaEvent_t e0, e1;
+  cudaStreamCreate(&st);
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  mc_result_t rc = MC_SUCCESS;
+  for (int i = 0; i < warmup + iters && rc == MC_SUCCESS; i++) {
+    nvshmemx_barrier_all_on_stream(st);
+    cudaEventRecord(e0, st);
+    if (nvshmemx_alltoallmem_on_stream(NVSHMEM_TEAM_WORLD, dst, src, bytes_per_peer, st) != 0)
+      rc = mc_fail(comm->err, MC_ERR_NVSHMEM, "nvshmemx_alltoallmem_on_stream failed");
+    cudaEventRecord(e1, st);
+    cudaEventSynchronize(e1);
+    if (i >= warmup) cudaEventElapsedTime(&times_us[i - warmup], e0, e1), times_us[i - warmup] *= 1000.0f;
+  }
+  cudaStreamSynchronize(st);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  nvshmem_free(src);
+  nvshmem_free(dst);
+  return rc;
+}
