@@ -25,13 +25,13 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 test-asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=address,undefined -DMC_BUILD_TOOLS=OFF > /dev/null
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=address,undefined -DMC_BUILD_TOOLS=OFF -DMC_CUDA=OFF > /dev/null
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j$(JOBS)
 
 test-tsan:
-	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=thread -DMC_BUILD_TOOLS=OFF > /dev/null
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMC_SANITIZE=thread -DMC_BUILD_TOOLS=OFF -DMC_CUDA=OFF > /dev/null
 	cmake --build build-tsan -j$(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j$(JOBS)
 

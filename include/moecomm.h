@@ -301,7 +301,19 @@ typedef struct mc_a2a_stats {
   uint64_t buffer_bytes;          /* receive buffers + signals this rank allocated */
 } mc_a2a_stats_t;
 
+/* Counters kept on a device are copied back first (this synchronises the
+ * device: not for the hot path). */
 MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
+
+/* ---- benchmark support ------------------------------------------------- */
+
+/* The baseline the seed compares against: the transport's own dense
+ * all-to-all (NVSHMEM's alltoallmem for nvshmem) of bytes_per_peer bytes to
+ * every rank, padded as a dense design must be. Collective. Each of `iters`
+ * samples (after `warmup`) is timed with CUDA events after a barrier on the
+ * stream, into times_us[iters]. MC_ERR_UNSUPPORTED on the cpu transport. */
+MC_API mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int warmup, int iters,
+                                                float *times_us);
 
 #ifdef __cplusplus
 }

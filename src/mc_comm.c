@@ -40,7 +40,23 @@ typedef struct {
 
 #ifdef MC_HAVE_NVSHMEM
 int mc_gpu_present(void);
+mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup,
+                                      float *times_us);
 #endif
+
+mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int warmup, int iters,
+                                         float *times_us) {
+  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "comm is NULL");
+  if (!times_us || iters < 1 || warmup < 0 || bytes_per_peer == 0)
+    return mc_fail(comm->err, MC_ERR_INVALID_ARG, "times_us, iters=%d >= 1, warmup=%d >= 0, bytes_per_peer=%zu > 0",
+                   iters, warmup, bytes_per_peer);
+#ifdef MC_HAVE_NVSHMEM
+  if (comm->transport == MC_TRANSPORT_NVSHMEM)
+    return mc_nvshmem_dense_alltoall(comm, bytes_per_peer, iters, warmup, times_us);
+#endif
+  return mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no dense all-to-all baseline on the '%s' transport",
+                 mc_transport_name(comm->transport));
+}
 
 const mc_transport_ops_t *mc_transport_ops(mc_transport_t t) {
   if (t == MC_TRANSPORT_CPU) return &mc_cpu_ops;

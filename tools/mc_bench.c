@@ -19,8 +19,12 @@ static void usage(FILE *f) {
       "\n"
       "Default: the DeepSeek-V3 layer (256 experts, top-8, hidden 7168, fp8 tokens\n"
       "with 56 float block scales, bf16 combine), 128 tokens per rank, 8 ranks,\n"
-      "each rank a thread on the cpu transport (the only one in this build).\n"
-      "Every round every rank's outputs are compared with the reference model.\n"
+      "on the cpu transport (ranks as threads). With --transport nvshmem every rank\n"
+      "is a process (several on one GPU: run it through scripts/mc-launch.sh, which\n"
+      "starts MPS), and NVSHMEM's dense all-to-all of the padded payload is timed\n"
+      "in the same run as the baseline.\n"
+      "Outputs are compared with the reference model every round (on a GPU: the\n"
+      "first --check-first rounds and the last).\n"
       "\n"
       "  -n, --ranks N         ranks (world_size)                         [8]\n"
       "  -g, --group-size G    ranks holding the same tokens              [1]\n"
@@ -35,7 +39,10 @@ static void usage(FILE *f) {
       "  -r, --rounds R        timed rounds                               [20]\n"
       "  -w, --warmup W        untimed rounds first                       [3]\n"
       "  -s, --seed S          input seed                                 [1]\n"
+      "      --transport T     cpu, nvshmem or auto                       [cpu]\n"
       "      --processes       ranks as processes (socket bootstrap), not threads\n"
+      "      --check-first N   GPU: check the first N rounds and the last [5]\n"
+      "      --no-dense        GPU: skip the dense all-to-all baseline\n"
       "      --split           other work between each send and its recv\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
@@ -78,13 +85,17 @@ int main(int argc, char **argv) {
   o.warmup = 3;
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
-  enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON };
+  enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
+         O_NODENSE };
+  int dense = 1;
+  o.check_first = 5;
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
       {"scale-bytes", 1, 0, O_SB}, {"in-dtype", 1, 0, O_IN},  {"out-dtype", 1, 0, O_OUT}, {"rounds", 1, 0, 'r'},
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
-      {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+      {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
+      {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
     switch (ch) {
@@ -109,6 +120,14 @@ int main(int argc, char **argv) {
     case O_SPLIT: o.split = 1; break;
     case O_NOCHECK: o.check = 0; break;
     case O_JSON: json = 1; break;
+    case O_TRANSPORT:
+      if (!strcmp(optarg, "cpu")) o.transport = MC_TRANSPORT_CPU;
+      else if (!strcmp(optarg, "nvshmem")) o.transport = MC_TRANSPORT_NVSHMEM;
+      else if (!strcmp(optarg, "auto")) o.transport = MC_TRANSPORT_AUTO;
+      else return fprintf(stderr, "--transport: cpu, nvshmem or auto\n"), 2;
+      break;
+    case O_CHECKFIRST: o.check_first = atoi(optarg); break;
+    case O_NODENSE: dense = 0; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -121,6 +140,13 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  const int gpu = o.transport == MC_TRANSPORT_NVSHMEM;
+  if (gpu) {
+    o.processes = 1; /* one process per rank: NVSHMEM's PEs */
+    /* the dense baseline: every rank sends every peer num_local_experts x
+     * max_tokens padded records (token + scale bytes) */
+    if (dense) o.dense_bytes = (size_t)(c.num_experts / c.world_size) * c.max_tokens * (c.token_bytes + c.scale_bytes);
+  }
   mc_run_result_t res;
   int failed = mc_run(&c, &o, &res);
   if (failed < 0) {
@@ -144,6 +170,13 @@ int main(int argc, char **argv) {
     stats_of(v, W * R, &med[ph], &p99[ph]);
   }
   free(v);
+  double dense_med = 0, dense_p99 = 0;
+  if (o.dense_bytes && res.dense_rc == MC_SUCCESS) {
+    double *dv = malloc(sizeof(double) * (size_t)W * R);
+    for (int i = 0; i < W * R; i++) dv[i] = res.dense_us[i];
+    stats_of(dv, W * R, &dense_med, &dense_p99);
+    free(dv);
+  }
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
    * the same m, so an average over the rounds is the per-round figure). */
@@ -185,6 +218,9 @@ int main(int argc, char **argv) {
     printf("},\n \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
            "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
            disp, disp_pe, comb, comb_pe);
+    if (o.dense_bytes)
+      printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
+             o.dense_bytes * (size_t)W, dense_med, dense_p99, res.dense_rc);
     printf(" \"buffer_bytes_per_rank\": %llu, \"max_rel_err_vs_ideal\": %.3g, \"failed_ranks\": %d, \"verdict\": \"%s\"",
            (unsigned long long)buffer, max_err, failed, verdict);
     if (failed) printf(", \"first_failure\": \"%s\"", mc_run_first_failure(&res));
@@ -203,6 +239,13 @@ int main(int argc, char **argv) {
     printf("\n  bytes sent per rank per round   ours        per-expert design   ratio\n");
     printf("    dispatch                    %10.0f   %10.0f          %.2f\n", disp, disp_pe, disp / disp_pe);
     printf("    combine                     %10.0f   %10.0f          %.2f\n", comb, comb_pe, comb / comb_pe);
+    if (o.dense_bytes) {
+      if (res.dense_rc == MC_SUCCESS)
+        printf("\n  dense all-to-all baseline       %12.1f %12.1f   (%.0f MB per rank; %.1fx dispatch+combine)\n",
+               dense_med, dense_p99, (double)o.dense_bytes * W / 1e6, dense_med / (med[MC_PH_COUNT] + med[MC_PH_COUNT + 1]));
+      else
+        printf("\n  dense all-to-all baseline: failed (%s)\n", mc_result_string((mc_result_t)res.dense_rc));
+    }
     printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)buffer,
            (double)buffer / 1048576.0);
     if (o.check) printf("  combine error vs exact sum    %.3g of sum|w*y| (tolerance %.3g)\n", max_err, mc_ref_tolerance(&c));

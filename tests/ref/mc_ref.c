@@ -47,7 +47,11 @@ int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) 
     mc_ref_input_free(in);
     return -1;
   }
-  for (size_t i = 0; i < (size_t)m * c->token_bytes; i++) in->tokens[i] = (uint8_t)mc_ref_rand(&st);
+  if (c->expert_identity) /* finite values in in_dtype: the expert returns them as they are */
+    for (size_t i = 0; i < (size_t)m * (size_t)c->hidden; i++)
+      mc_store_elem(in->tokens, (int64_t)i, c->in_dtype, (float)((int)(mc_ref_rand(&st) % 2001) - 1000) / 500.0f);
+  else
+    for (size_t i = 0; i < (size_t)m * c->token_bytes; i++) in->tokens[i] = (uint8_t)mc_ref_rand(&st);
   for (size_t i = 0; i < (size_t)m * c->scale_bytes / 4; i++)
     ((float *)in->scales)[i] = (float)(mc_ref_rand(&st) % 1000) / 256.0f;
   int hot = (int)(mc_ref_rand(&st) % (uint64_t)c->num_experts);
@@ -102,6 +106,10 @@ void mc_ref_dispatch(const mc_case_t *c, const mc_input_t *ins, int rank, int32_
 }
 
 void mc_ref_expert(const mc_case_t *c, int expert, const uint8_t *x, void *y) {
+  if (c->expert_identity) {
+    memcpy(y, x, (size_t)c->hidden * mc_dtype_size(c->in_dtype));
+    return;
+  }
   for (int h = 0; h < c->hidden; h++) {
     int b = x[((size_t)h * 7 + (size_t)expert) % c->token_bytes];
     float v = (float)(b - 128) / 64.0f + (float)(expert % 5) * 0.25f;

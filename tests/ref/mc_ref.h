@@ -22,6 +22,8 @@ typedef struct mc_case {
   int use_bound_m;    /* 1: pass bound_m < m on some rounds */
   int no_weights;     /* 1: pass weights = NULL (all 1.0) */
   int fixed_m;        /* 1: every group passes m = max_tokens every round (benchmarks) */
+  int expert_identity; /* 1: tokens are hidden values in in_dtype and every expert returns its
+                          input unchanged (a device copy can stand in for the experts) */
 } mc_case_t;
 
 /* One group's inputs for one round (all ranks of a group hold the same). */

@@ -21,9 +21,14 @@ typedef struct mc_run_opts {
   int stall_round;   /*   (thread: goes silent; process: dies with SIGKILL) */
   mc_transport_t transport;
   int inject_bad;    /* 1: before each round, make bad calls that must fail and change nothing */
+  int check_first;   /* GPU: check only the first N rounds and the last (0: all) */
+  int graph;         /* GPU: capture dispatch -> identity experts -> combine once, replay every round
+                        (needs case.expert_identity and fixed_m) */
+  size_t dense_bytes; /* > 0: after the rounds, time the transport's dense all-to-all of this many
+                         bytes per peer, `rounds` samples (the baseline) */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
@@ -40,6 +45,8 @@ typedef struct mc_run_result {
   int world_size, rounds;
   mc_run_rank_t *ranks;   /* [world_size] */
   double *samples_us;     /* [world_size][MC_PH_COUNT][rounds] */
+  float *dense_us;        /* [world_size][rounds] when opts.dense_bytes > 0 */
+  int dense_rc;           /* mc_result_t of the dense baseline on rank 0 */
 } mc_run_result_t;
 
 /* Returns the number of ranks that failed (0: all good), or -1 if the run

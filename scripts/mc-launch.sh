@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# mc-launch.sh N -- COMMAND...
+# Run COMMAND, which starts N ranks as processes (mc-bench --processes,
+# mc_tests gpu_*), with the environment they need on this machine:
+# - one rank per GPU when there are at least N GPUs (rank r uses GPU r % count);
+# - otherwise several ranks per GPU under MPS, each limited to 100/k percent
+#   of its GPU's SMs (k ranks per GPU); MPS is started here and always shut
+#   down when this script exits, however it exits;
+# - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
+#   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
+set -euo pipefail
+if [ $# -lt 2 ]; then echo "usage: $0 N -- COMMAND..." >&2; exit 2; fi
+n=$1; shift
+[ "${1:-}" = "--" ] && shift
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "$gpus" -lt 1 ]; then echo "mc-launch: no GPU visible (nvidia-smi -L)" >&2; exit 1; fi
+
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NCCL=1
+export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo}
+export NVSHMEM_REMOTE_TRANSPORT=${NVSHMEM_REMOTE_TRANSPORT:-none}
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
+home=${NVSHMEM_HOME:-$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])" 2>/dev/null || true)}
+[ -n "$home" ] && export LD_LIBRARY_PATH="$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ "$n" -gt "$gpus" ]; then
+  per=$(( (n + gpus - 1) / gpus ))
+  export CUDA_MPS_PIPE_DIRECTORY=${TMPDIR:-/tmp}/mc-mps-pipe-$$
+  export CUDA_MPS_LOG_DIRECTORY=${TMPDIR:-/tmp}/mc-mps-log-$$
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$(( 100 / per ))
+  echo "mc-launch: $n ranks on $gpus GPU(s) under MPS, $per per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE}% of the SMs each" >&2
+else
+  echo "mc-launch: $n ranks, one per GPU" >&2
+fi
+"$@"

@@ -1,0 +1,191 @@
+/* mc_ref_dev.c - host or device buffers for the harness (see mc_ref_dev.h). */
+#include "mc_ref_dev.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef MC_REF_CUDA
+#include <cuda_runtime_api.h>
+static cudaEvent_t marks[MC_DEV_MARKS];
+static int marks_made;
+#endif
+static double host_marks[MC_DEV_MARKS];
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+int mc_dev_have_cuda(void) {
+#ifdef MC_REF_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return 0;
+#endif
+}
+
+int mc_dev_select(int rank) {
+#ifdef MC_REF_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) return -1;
+  int d = rank % n;
+  return cudaSetDevice(d) == cudaSuccess ? d : -1;
+#else
+  (void)rank;
+  return -1;
+#endif
+}
+
+void *mc_dev_alloc(int gpu, size_t n) {
+  size_t sz = (n + 63) / 64 * 64 + 64;
+#ifdef MC_REF_CUDA
+  if (gpu) {
+    void *p = NULL;
+    return cudaMalloc(&p, sz) == cudaSuccess ? p : NULL;
+  }
+#endif
+  (void)gpu;
+  return aligned_alloc(64, sz);
+}
+
+void mc_dev_free(int gpu, void *p) {
+  if (!p) return;
+#ifdef MC_REF_CUDA
+  if (gpu) {
+    cudaFree(p);
+    return;
+  }
+#endif
+  (void)gpu;
+  free(p);
+}
+
+int mc_dev_put(int gpu, void *dst, const void *src, size_t n) {
+  if (dst == src || n == 0) return 0;
+#ifdef MC_REF_CUDA
+  if (gpu) return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess;
+#endif
+  (void)gpu;
+  memcpy(dst, src, n);
+  return 0;
+}
+
+int mc_dev_get(int gpu, void *dst, const void *src, size_t n) {
+  if (dst == src || n == 0) return 0;
+#ifdef MC_REF_CUDA
+  if (gpu) return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) != cudaSuccess;
+#endif
+  (void)gpu;
+  memcpy(dst, src, n);
+  return 0;
+}
+
+int mc_dev_fill(int gpu, void *p, int byte, size_t n) {
+#ifdef MC_REF_CUDA
+  if (gpu) return cudaMemset(p, byte, n) != cudaSuccess;
+#endif
+  (void)gpu;
+  memset(p, byte, n);
+  return 0;
+}
+
+int mc_dev_sync(int gpu) {
+#ifdef MC_REF_CUDA
+  if (gpu) return cudaDeviceSynchronize() != cudaSuccess;
+#endif
+  (void)gpu;
+  return 0;
+}
+
+static volatile double sink_;
+void mc_dev_busy(int gpu, void *scratch, size_t n) {
+#ifdef MC_REF_CUDA
+  if (gpu) { /* a few passes over a scratch buffer, queued on the stream */
+    for (int i = 0; i < 4; i++) cudaMemsetAsync(scratch, i, n, 0);
+    return;
+  }
+#endif
+  (void)gpu, (void)scratch, (void)n;
+  double a = 0;
+  for (int i = 0; i < 20000; i++) a += (double)i * 1e-9;
+  sink_ = a;
+}
+
+void mc_dev_mark(int gpu, int k) {
+#ifdef MC_REF_CUDA
+  if (gpu) {
+    if (!marks_made) {
+      for (int i = 0; i < MC_DEV_MARKS; i++) cudaEventCreate(&marks[i]);
+      marks_made = 1;
+    }
+    cudaEventRecord(marks[k], 0);
+    return;
+  }
+#endif
+  (void)gpu;
+  host_marks[k] = now_us();
+}
+
+double mc_dev_elapsed_us(int gpu, int k0, int k1) {
+#ifdef MC_REF_CUDA
+  if (gpu) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, marks[k0], marks[k1]);
+    return (double)ms * 1000.0;
+  }
+#endif
+  (void)gpu;
+  return host_marks[k1] - host_marks[k0];
+}
+
+int mc_dev_graph_capture(mc_dev_body_fn body, void *arg, void **graph_exec, void **stream) {
+#ifdef MC_REF_CUDA
+  cudaStream_t st;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
+  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 1;
+  int brc = body((void *)st, arg);
+  if (cudaStreamEndCapture(st, &g) != cudaSuccess || brc != 0) return 1;
+  if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return 1;
+  cudaGraphDestroy(g);
+  *graph_exec = (void *)ge;
+  *stream = (void *)st;
+  return 0;
+#else
+  (void)body, (void)arg, (void)graph_exec, (void)stream;
+  return 1;
+#endif
+}
+
+int mc_dev_copy_async(void *dst, const void *src, size_t n, void *stream) {
+#ifdef MC_REF_CUDA
+  return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess;
+#else
+  (void)dst, (void)src, (void)n, (void)stream;
+  return 1;
+#endif
+}
+
+int mc_dev_graph_launch(void *graph_exec, void *stream) {
+#ifdef MC_REF_CUDA
+  return cudaGraphLaunch((cudaGraphExec_t)graph_exec, (cudaStream_t)stream) != cudaSuccess ||
+         cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess;
+#else
+  (void)graph_exec, (void)stream;
+  return 1;
+#endif
+}
+
+void mc_dev_graph_free(void *graph_exec, void *stream) {
+#ifdef MC_REF_CUDA
+  if (graph_exec) cudaGraphExecDestroy((cudaGraphExec_t)graph_exec);
+  if (stream) cudaStreamDestroy((cudaStream_t)stream);
+#else
+  (void)graph_exec, (void)stream;
+#endif
+}

@@ -1,0 +1,35 @@
+/* mc_ref_dev.h - where the harness keeps a rank's buffers: host memory for
+ * the cpu transport, device memory for the GPU transports (then inputs are
+ * uploaded and outputs downloaded for the checks). Timing marks are host
+ * clock reads or CUDA events on the default stream. */
+#ifndef MC_REF_DEV_H
+#define MC_REF_DEV_H
+
+#include <stddef.h>
+
+#define MC_DEV_MARKS 8
+
+/* Select this rank's GPU (rank % device count) before any other CUDA call;
+ * returns the device, or -1 without CUDA. */
+int mc_dev_select(int rank);
+int mc_dev_have_cuda(void); /* 1 if built with CUDA and a device is visible */
+void *mc_dev_alloc(int gpu, size_t n);
+void mc_dev_free(int gpu, void *p);
+int mc_dev_put(int gpu, void *dst, const void *src, size_t n); /* host -> buffer */
+int mc_dev_get(int gpu, void *dst, const void *src, size_t n); /* buffer -> host */
+int mc_dev_fill(int gpu, void *p, int byte, size_t n);
+int mc_dev_sync(int gpu);
+/* other work on the stream between a send and its recv */
+void mc_dev_busy(int gpu, void *scratch, size_t n);
+void mc_dev_mark(int gpu, int k);
+double mc_dev_elapsed_us(int gpu, int k0, int k1); /* after mc_dev_sync */
+
+/* CUDA graph of one layer: capture what `body` launches on the capture
+ * stream (passed to it), then replay. Returns 0 on success. */
+typedef int (*mc_dev_body_fn)(void *stream, void *arg);
+int mc_dev_graph_capture(mc_dev_body_fn body, void *arg, void **graph_exec, void **stream);
+int mc_dev_copy_async(void *dst, const void *src, size_t n, void *stream); /* device to device */
+int mc_dev_graph_launch(void *graph_exec, void *stream);
+void mc_dev_graph_free(void *graph_exec, void *stream);
+
+#endif

@@ -1,0 +1,189 @@
+/* test_gpu.c - the GPU transports against the same reference model, ranks
+ * as processes (several on one GPU under MPS: run through
+ * scripts/mc-launch.sh). Each test skips (exit 77) where no CUDA device is
+ * visible or the build has no GPU transport. Inputs are fresh per run; a
+ * failure prints the seed and the case. */
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mc_ref_dev.h"
+#include "mc_ref_run.h"
+#include "mc_test.h"
+
+#define MC_TEST_SKIP 77
+
+/* Probe in a child: the parent must not start CUDA before it forks ranks. */
+static int gpu_transport_usable(void) {
+  pid_t p = fork();
+  if (p == 0) _exit(mc_dev_have_cuda() ? 0 : 1);
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+#define REQUIRE_GPU()                                                                        \
+  do {                                                                                       \
+    if (!gpu_transport_usable()) {                                                           \
+      printf("skipped: no CUDA device visible, or this build has no GPU transport\n");      \
+      return MC_TEST_SKIP;                                                                   \
+    }                                                                                        \
+  } while (0)
+
+static mc_transport_t gpu_transport(void) {
+  const char *t = getenv("MC_TEST_TRANSPORT");
+  return t && strcmp(t, "p2p") == 0 ? MC_TRANSPORT_P2P : MC_TRANSPORT_NVSHMEM;
+}
+
+static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
+  o->processes = 1;
+  o->transport = gpu_transport();
+  mc_run_result_t res;
+  int failed = mc_run(c, o, &res);
+  char desc[400];
+  mc_ref_describe(c, desc, sizeof desc);
+  printf("%s: %s\n", failed ? "FAILED" : "ok", desc);
+  if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+  mc_run_free(&res);
+  return failed != 0;
+}
+
+static void small_case(mc_case_t *c, int world, int group, int i) {
+  mc_ref_random_case(mc_test_seed * 7919u + (uint64_t)i, c);
+  c->world_size = world;
+  c->group_size = group;
+  c->num_experts = world * 8;
+  c->topk = 4;
+  c->max_tokens = 24;
+  c->hidden = 256;
+}
+
+int test_gpu_ep_sizes(void) {
+  REQUIRE_GPU();
+  static const int worlds[] = {1, 2, 4, 8};
+  for (int w = 0; w < 4; w++)
+    for (int g = 1; g <= 2; g++) {
+      if (worlds[w] % g) continue;
+      mc_case_t c;
+      small_case(&c, worlds[w], g, w * 2 + g);
+      /* fp8 payload with block scales */
+      c.token_bytes = 1024;
+      c.scale_bytes = 32;
+      c.in_dtype = MC_DTYPE_BF16;
+      c.out_dtype = MC_DTYPE_BF16;
+      mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+      o.rounds = 4;
+      MC_CHECK(run_gpu(&c, &o) == 0);
+      /* bf16 payload, no scales, other dtypes */
+      c.token_bytes = 512;
+      c.scale_bytes = 0;
+      c.in_dtype = MC_DTYPE_FP32;
+      c.out_dtype = MC_DTYPE_FP16;
+      MC_CHECK(run_gpu(&c, &o) == 0);
+    }
+  return 0;
+}
+
+int test_gpu_deepseek_shape(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  mc_ref_deepseek_case(8, 32, &c);
+  c.seed = mc_test_seed;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+int test_gpu_bound_m(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 4, 2, 1);
+  c.use_bound_m = 1;
+  c.zero_tokens = 1;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 12;
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+int test_gpu_split(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 4, 1, 2);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 6;
+  o.split = 1; /* device work queued between each send and its recv */
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+int test_gpu_many_rounds(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 4, 2, 3);
+  c.max_tokens = 16;
+  c.token_bytes = 64;
+  c.scale_bytes = 8;
+  c.hidden = 64;
+  c.zero_tokens = 1;
+  c.use_bound_m = 1;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 1000; /* fresh routing every round, every round checked */
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+int test_gpu_bad_input(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 2, 1, 4);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  o.inject_bad = 1; /* host-checked and device-checked refusals, then good rounds */
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+int test_gpu_stall(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 4, 1, 5);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 4;
+  o.timeout_ms = 500;
+  o.processes = 1;
+  o.transport = gpu_transport();
+  o.stall_rank = 2;
+  o.stall_round = 2;
+  mc_run_result_t res;
+  int failed = mc_run(&c, &o, &res);
+  MC_CHECK(failed >= 3);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2) continue;
+    const mc_run_rank_t *me = &res.ranks[r];
+    printf("rank %d: %s\n", r, me->msg);
+    MC_CHECK_MSG(me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(strstr(me->msg, "waiting for rank 2") != NULL, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: after the timeout: %d", r, me->rc_after_timeout);
+  }
+  mc_run_free(&res);
+  return 0;
+}
+
+int test_gpu_graph(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 4, 2, 6);
+  c.in_dtype = MC_DTYPE_BF16;
+  c.token_bytes = (size_t)c.hidden * 2; /* bf16 tokens: the identity expert is a copy */
+  c.scale_bytes = 16;
+  c.expert_identity = 1;
+  c.fixed_m = 1;
+  c.use_bound_m = 1; /* bound_m changes between replays of the same graph */
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 20;
+  o.graph = 1;
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
