@@ -6,6 +6,8 @@
 # - otherwise several ranks per GPU under MPS, each limited to 100/k percent
 #   of its GPU's SMs (k ranks per GPU); MPS is started here and always shut
 #   down when this script exits, however it exits;
+#   (MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
+#   not run under MPS);
 # - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
 #   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
 set -euo pipefail
@@ -23,7 +25,7 @@ export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
 home=${NVSHMEM_HOME:-$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])" 2>/dev/null || true)}
 [ -n "$home" ] && export LD_LIBRARY_PATH="$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-if [ "$n" -gt "$gpus" ]; then
+if [ "$n" -gt "$gpus" ] && [ -z "${MC_NO_MPS:-}" ]; then
   per=$(( (n + gpus - 1) / gpus ))
   export CUDA_MPS_PIPE_DIRECTORY=${TMPDIR:-/tmp}/mc-mps-pipe-$$
   export CUDA_MPS_LOG_DIRECTORY=${TMPDIR:-/tmp}/mc-mps-log-$$
