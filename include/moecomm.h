@@ -290,6 +290,15 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
 MC_API mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags,
                               void *stream);
 
+/* Report a failure that a GPU transport's kernels recorded since the last
+ * call (a peer that did not arrive: MC_ERR_TIMEOUT; input refused on the
+ * device: MC_ERR_INVALID_ARG, and the round is over), without launching or
+ * waiting for anything. Kernels run asynchronously, so such a failure is
+ * otherwise reported by the next call on the handle; call this after
+ * synchronising the stream to learn it at once. MC_SUCCESS when nothing
+ * failed (always, on the cpu transport, whose calls report synchronously). */
+MC_API mc_result_t mc_a2a_check(mc_a2a_t *a2a);
+
 /* What the handle moved and holds, counted by the library itself. */
 typedef struct mc_a2a_stats {
   size_t size;                    /* sizeof(mc_a2a_stats_t): set it before the call */

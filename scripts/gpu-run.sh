@@ -19,6 +19,25 @@ fi
 log "build: $(( $(date +%s) - t0 )) s"
 L="scripts/mc-launch.sh 8 --"
 results=()
+if [ "$mode" = probe ]; then
+  # where the time goes: per-kernel durations of one rank alone (ncu does not
+  # run under MPS), then EP8 under MPS with other grid sizes
+  B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 50 -w 10"
+  MC_NO_MPS=1 timeout 240 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
+    -k regex:mc_k_ --launch-skip 40 --launch-count 10 \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+    $B -n 1 -t 128 > "$out/ncu-ep1.log" 2>&1
+  grep -E "mc_k_|gpu__time|dram__|sm__thr|grid_size" "$out/ncu-ep1.log" | head -60
+  for n in 1 2 8; do
+    timeout 120 scripts/mc-launch.sh $n -- $B -n $n -t 128 > "$out/probe-ep$n.txt" 2>&1
+    echo "EP$n:"; grep -E "dispatch|combine|verdict" "$out/probe-ep$n.txt" | head -9
+  done
+  for g in 32 64; do
+    MC_GPU_BLOCKS=$g timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-g$g.txt" 2>&1
+    echo "EP8 blocks=$g:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-g$g.txt" | head -9
+  done
+  exit 0
+fi
 run_test() { # name ranks-hint
   local t=$1 s; s=$(date +%s)
   if timeout "${TEST_TIMEOUT:-300}" $L build-dev/mc_tests "$t" > "$out/test-$t.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi

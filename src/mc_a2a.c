@@ -165,6 +165,13 @@ static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
   return rc;
 }
 
+mc_result_t mc_a2a_check(mc_a2a_t *a2a) {
+  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_check: a2a is NULL");
+  if (a2a->aborted)
+    return mc_fail(a2a->err, MC_ERR_ABORTED, "mc_a2a_check: this handle failed earlier (see the previous error)");
+  return a2a->ops->check ? after(a2a, a2a->ops->check(a2a)) : MC_SUCCESS;
+}
+
 mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const int32_t *indices,
                         const float *weights, int m, const int32_t *bound_m, void *expert_x,
                         void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {

@@ -184,4 +184,5 @@ const mc_transport_ops_t mc_cpu_ops = {
     mc_cpu_combine_send,
     mc_cpu_combine_recv,
     NULL,
+    NULL,
 };

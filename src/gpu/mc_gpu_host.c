@@ -104,6 +104,8 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   return rc;
 }
 
+mc_result_t mc_gpu_check(mc_a2a_t *a2a) { return device_error(a2a); }
+
 mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
   mc_result_t rc = device_error(a2a);
   if (rc != MC_SUCCESS) return rc;

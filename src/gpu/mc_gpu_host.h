@@ -23,6 +23,8 @@ void mc_gpu_free(mc_gpu_t *g);
  * refused-input record: the handle stays usable). Then fill a kernel
  * argument block from the call's arguments (either may be NULL). */
 mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c);
+/* Report (and for refused input, clear) what the device recorded. */
+mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);
 /* 1 if this process sees at least one CUDA device. */

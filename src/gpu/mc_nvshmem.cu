@@ -159,6 +159,7 @@ static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
     dsend,       drecv,                csend,                crecv,              mc_gpu_refresh_stats,
+    mc_gpu_check,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

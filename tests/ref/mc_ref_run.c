@@ -418,6 +418,11 @@ static void run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int ran
       fail(me, 0, "round %llu rank %d: graph replay failed", (unsigned long long)round, rank);
       break;
     }
+    mc_result_t crc = mc_a2a_check(a2a);
+    if (crc != MC_SUCCESS) {
+      fail(me, crc, "round %llu rank %d: %s", (unsigned long long)round, rank, mc_a2a_last_error(a2a));
+      break;
+    }
     mc_dev_get(1, b->count, d->count, (size_t)L * 4);
     mc_dev_get(1, b->x, d->x, xbytes);
     if (d->xs) mc_dev_get(1, b->xs, d->xs, sbytes);
@@ -532,6 +537,7 @@ static void rank_main(run_ctx_t *ctx) {
 #undef DISPATCH
     if (check || !gpu) {
       mc_dev_sync(gpu);
+      API(mc_a2a_check(a2a)); /* a GPU transport's failure shows after the sync */
       if (gpu && (mc_dev_get(1, b.count, d.count, (size_t)L * 4) || mc_dev_get(1, b.x, d.x, xbytes) ||
                   (d.xs && mc_dev_get(1, b.xs, d.xs, sbytes)))) {
         fail(me, 0, "round %llu rank %d: downloading dispatch outputs failed", (unsigned long long)round, rank);
@@ -558,6 +564,7 @@ static void rank_main(run_ctx_t *ctx) {
       samples[MC_PH_COMBINE_SEND * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 4, 5);
       samples[MC_PH_COMBINE_RECV * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 6, 7);
     }
+    API(mc_a2a_check(a2a));
     if (check) {
       if (gpu && mc_dev_get(1, b.out, d.out, obytes)) {
         fail(me, 0, "round %llu rank %d: downloading combine output failed", (unsigned long long)round, rank);
