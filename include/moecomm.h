@@ -174,8 +174,8 @@ typedef struct mc_comm_config {
 /* Collective over the oob: every rank calls it with the same group_size and
  * transport. Picks the transport (AUTO: the best this build and machine
  * offer; mc_comm_transport() says which). The comm keeps a copy of *oob and
- * uses its allgather in mc_a2a_create and mc_comm_destroy; the oob must stay
- * alive until mc_comm_destroy returns. On failure *out is NULL and
+ * uses its allgather here and in mc_a2a_create; the oob must stay alive
+ * until mc_comm_destroy returns. On failure *out is NULL and
  * mc_last_error() has the details. */
 MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config,
                                   mc_comm_t **out);
@@ -220,9 +220,12 @@ typedef struct mc_a2a_config {
  * has the details. */
 MC_API mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out);
 
-/* Releases the buffers. Local: does not wait for peers; call it after the
+/* Releases the buffers. On the cpu transport it is local: call it after the
  * last combine has returned on every rank (for example after a barrier of the
- * application) so no peer still writes into them. NULL is accepted. */
+ * application) so no peer still writes into them. On nvshmem it is
+ * collective (NVSHMEM frees symmetric memory collectively). After a timeout
+ * the cpu transport keeps this rank's window mapped (leaked), since a slow
+ * peer may still write into it. NULL is accepted. */
 MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
 
 /* Slots per local expert that the caller must provide in expert_x,

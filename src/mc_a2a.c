@@ -37,6 +37,13 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   if (c->hidden < 8 || c->hidden % 8 != 0 || c->hidden > (1 << 22))
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->hidden=%d must be a multiple of 8 in 8..%d",
                    c->hidden, 1 << 22);
+  /* slot and record indices are int: keep every count of them well inside */
+  uint64_t groups = (uint64_t)comm->world_size / (uint64_t)comm->group_size;
+  if (groups * (uint64_t)c->max_tokens > (1u << 30) ||
+      (uint64_t)comm->world_size * (((uint64_t)c->max_tokens + comm->group_size - 1) / comm->group_size) > (1u << 30))
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->max_tokens=%d with %llu groups of %d ranks exceeds 2^30 slots per expert or records per rank",
+                   c->max_tokens, (unsigned long long)groups, comm->group_size);
   if (!dtype_ok(c->combine_in_dtype))
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->combine_in_dtype=%d is not an mc_dtype_t",
                    (int)c->combine_in_dtype);
@@ -116,10 +123,12 @@ int mc_a2a_num_local_experts(const mc_a2a_t *a2a) { return a2a ? mc_num_local_ex
 const char *mc_a2a_last_error(const mc_a2a_t *a2a) { return a2a ? a2a->err : "a2a is NULL"; }
 
 mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats) {
-  if (!a2a || !stats) return mc_fail_tls(MC_ERR_INVALID_ARG, "a2a or stats is NULL");
+  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_get_stats: a2a is NULL");
+  mc_a2a_t *h = (mc_a2a_t *)a2a; /* the error text is the only thing written */
+  if (!stats) return mc_fail(h->err, MC_ERR_INVALID_ARG, "mc_a2a_get_stats: stats is NULL");
   if (stats->size < sizeof *stats)
-    return mc_fail_tls(MC_ERR_INVALID_ARG, "stats->size=%zu < %zu: set it to sizeof(mc_a2a_stats_t)",
-                       stats->size, sizeof *stats);
+    return mc_fail(h->err, MC_ERR_INVALID_ARG, "mc_a2a_get_stats: stats->size=%zu < %zu: set it to sizeof(mc_a2a_stats_t)",
+                   stats->size, sizeof *stats);
   if (a2a->ops->refresh_stats) a2a->ops->refresh_stats((mc_a2a_t *)a2a); /* counters live on the device */
   *stats = a2a->stats;
   return MC_SUCCESS;

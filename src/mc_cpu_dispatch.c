@@ -62,7 +62,7 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   if (rc != MC_SUCCESS) return rc;
 
   /* Checked: from here on the round is under way. */
-  const uint32_t round = ++a2a->round;
+  const uint64_t round = ++a2a->round;
   c->m_eff = m_eff;
   uint16_t *dests = mc_cpu_ws(a2a, mc_ws_dests_off(s)), *n_dests = mc_cpu_ws(a2a, mc_ws_ndests_off(s));
   uint32_t *expect = mc_cpu_ws(a2a, mc_ws_expect_off(s));
@@ -122,7 +122,7 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   mc_cpu_t *c = mc_cpu(a2a);
   const int me = a2a->comm->rank, W = s->world_size, K = s->topk, L = mc_num_local_experts(s);
   const int cap = mc_expert_capacity(s);
-  const uint32_t round = a2a->round;
+  const uint64_t round = a2a->round;
   unsigned char *win = mc_cpu_mine(a2a);
   uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
   uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
@@ -134,8 +134,8 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     uint64_t got;
     if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_META, src, round, &got))) return rc;
     if (got != round)
-      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: rank %d sent meta of round %llu in round %u",
-                     src, (unsigned long long)got, round);
+      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: rank %d sent meta of round %llu in round %llu",
+                     src, (unsigned long long)got, (unsigned long long)round);
     const uint32_t *meta = (const uint32_t *)(win + mc_disp_meta_off(s, src));
     for (int l = 0; l < L; l++) {
       base[src * L + l] = (uint32_t)args->expert_count[l];

@@ -29,9 +29,29 @@
 
 typedef struct window_id {
   int64_t pid;
+  uint64_t nonce; /* with pid: "the same process" even across PID namespaces */
   uint64_t addr;
   char name[48];
 } window_id_t;
+
+/* A random number drawn once per process: two processes in different PID
+ * namespaces can share a pid, never (pid, nonce). */
+static uint64_t process_nonce(void) {
+  static _Atomic uint64_t nonce;
+  uint64_t v = atomic_load(&nonce);
+  if (v) return v;
+  uint64_t r = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
+    close(fd);
+  }
+  r ^= (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&nonce ^ (uint64_t)time(NULL);
+  if (!r) r = 1;
+  uint64_t expected = 0;
+  atomic_compare_exchange_strong(&nonce, &expected, r); /* the first thread's draw wins */
+  return atomic_load(&nonce);
+}
 
 static _Atomic uint64_t *sig_at(unsigned char *window, const mc_shape_t *s, int slot, int peer) {
   return (_Atomic uint64_t *)(void *)(window + mc_sig_off(s, slot, peer));
@@ -84,8 +104,14 @@ done:
 
 static void unmap_all(mc_a2a_t *a2a) {
   mc_cpu_t *c = mc_cpu(a2a);
-  for (int r = 0; c->peer && r < a2a->comm->world_size; r++)
-    if (c->peer[r] && (c->mapped[r] || r == a2a->comm->rank)) munmap(c->peer[r], c->window_bytes);
+  for (int r = 0; c->peer && r < a2a->comm->world_size; r++) {
+    if (!c->peer[r] || !(c->mapped[r] || r == a2a->comm->rank)) continue;
+    /* After a timeout a slow peer may still write into our window: keep it
+     * mapped (a leak on a failure path) rather than let that write land in
+     * unmapped or reused memory. */
+    if (r == a2a->comm->rank && a2a->aborted) continue;
+    munmap(c->peer[r], c->window_bytes);
+  }
   free(c->peer);
   free(c->mapped);
   free(c->ws);
@@ -95,7 +121,7 @@ static void unmap_all(mc_a2a_t *a2a) {
 
 static mc_result_t map_peer(mc_a2a_t *a2a, const window_id_t *id, int r) {
   mc_cpu_t *c = mc_cpu(a2a);
-  if (id->pid == (int64_t)getpid()) {
+  if (id->pid == (int64_t)getpid() && id->nonce == process_nonce()) {
     c->peer[r] = (unsigned char *)(uintptr_t)id->addr;
     return MC_SUCCESS;
   }
@@ -123,16 +149,23 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
   c->peer = calloc((size_t)W, sizeof *c->peer);
   c->mapped = calloc((size_t)W, 1);
   c->ws = calloc(1, mc_workspace_bytes(s));
-  window_id_t mine = {(int64_t)getpid(), 0, {0}}, *all = calloc((size_t)W, sizeof mine);
+  window_id_t mine = {(int64_t)getpid(), process_nonce(), 0, {0}}, *all = calloc((size_t)W, sizeof mine);
   mc_result_t rc = MC_SUCCESS;
-  if (!c->peer || !c->mapped || !c->ws || !all) rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  if (!c->peer || !c->mapped || !c->ws || !all) {
+    /* without a place to receive, we cannot take part in the exchange; the
+     * peers' allgather fails on its own timeout */
+    free(all);
+    unmap_all(a2a);
+    return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  }
 
   /* A fresh name per window: pid, rank, and random bits against collisions. */
   unsigned rnd = (unsigned)now_ns() ^ (unsigned)(uintptr_t)c;
   snprintf(mine.name, sizeof mine.name, "/moecomm-%d-%d-%08x", (int)getpid(), me, rnd);
-  int fd = -1;
+  int fd = -1, fd_made = 0;
   if (rc == MC_SUCCESS) {
     fd = shm_open(mine.name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    fd_made = fd >= 0;
     if (fd < 0 || ftruncate(fd, (off_t)c->window_bytes) != 0)
       rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d: cannot create a %llu-byte shared window %s: %s",
                    me, (unsigned long long)c->window_bytes, mine.name, strerror(errno));
@@ -156,12 +189,11 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
       rc = map_peer(a2a, &all[r], r);
   }
   /* Everyone has mapped (or failed): the names are no longer needed. */
-  int ok = rc == MC_SUCCESS, *oks = calloc((size_t)W, sizeof(int));
-  grc = oks ? mc_comm_allgather(a2a->comm, &ok, oks, sizeof ok) : MC_ERR_SYSTEM;
-  if (mine.addr) shm_unlink(mine.name);
+  int ok = rc == MC_SUCCESS, *oks = (int *)all; /* reuse: W window ids are larger than W ints */
+  grc = mc_comm_allgather(a2a->comm, &ok, oks, sizeof ok);
+  if (fd_made) shm_unlink(mine.name);
   for (int r = 0; rc == MC_SUCCESS && r < W; r++)
     if (grc != MC_SUCCESS || !oks[r]) rc = mc_fail(a2a->err, MC_ERR_BOOTSTRAP, "rank %d failed to map the windows", r);
-  free(oks);
   free(all);
   if (rc != MC_SUCCESS) {
     unmap_all(a2a);

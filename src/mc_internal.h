@@ -57,7 +57,7 @@ struct mc_a2a {
   int aborted;       /* a wait timed out: peers are out of step, only destroy is left */
   int refused;       /* the transport refused this round's input after the call returned
                         (checked on the device): the round is over, dispatch-send is next */
-  uint32_t round;    /* 1-based number of the round in progress or last done */
+  uint64_t round;    /* 1-based number of the round in progress or last done (64-bit: never wraps) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];

@@ -170,10 +170,10 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *   scalars   MC_WS_NSCALARS uint32 (MC_WS_*): state the GPU kernels hand
  *             each other through device memory, so a captured graph replays
  *   stats     MC_WS_NSTATS uint64: what was sent, counted on the device
+ *   round     uint64: the GPU kernels' round number
  */
 enum {
-  MC_WS_ROUND = 0,  /* the round number, incremented on the device by dispatch-send */
-  MC_WS_M_EFF,      /* valid tokens of this round (bound_m applied) */
+  MC_WS_M_EFF = 0,  /* valid tokens of this round (bound_m applied) */
   MC_WS_N_ROUTE,    /* records dispatch-recv took in */
   MC_WS_BAD,        /* 1: this round's input was refused on the device */
   MC_WS_DONE_DRECV, /* blocks finished, for the last-block update of running totals */
@@ -227,8 +227,9 @@ MC_HD uint64_t mc_ws_scalars_off(const mc_shape_t *s) {
 MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
   return mc_ws_scalars_off(s) + mc_align_up(MC_WS_NSCALARS * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
-  return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t);
-}
+/* The round number (uint64, never wraps), bumped on the device by
+ * dispatch-send, so a captured CUDA graph replays correctly. */
+MC_HD uint64_t mc_ws_round_off(const mc_shape_t *s) { return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t); }
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) { return mc_ws_round_off(s) + sizeof(uint64_t); }
 
 #endif /* MC_LAYOUT_H */

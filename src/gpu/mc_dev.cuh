@@ -30,7 +30,7 @@ MC_DEV uint64_t mc_globaltimer_ns(void) {
  * The code is written last, after a system-scope fence, so the host never
  * reads half a record. */
 MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int peer, int slot, int token,
-                        int k, int value, uint64_t expected, uint64_t seen, uint32_t round) {
+                        int k, int value, uint64_t expected, uint64_t seen, uint64_t round) {
   if (atomicCAS((int *)&e->claimed, 0, 1) != 0) return;
   e->phase = phase;
   e->rank = rank;
@@ -52,7 +52,7 @@ MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int3
 /* Wait until *sig >= target, for at most a->timeout_ns. Returns 0 when it
  * arrived, 1 when this or another thread failed (the caller exits). */
 MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
-                          int slot, uint32_t round) {
+                          int slot, uint64_t round) {
   uint64_t v = mc_ld_acquire_sys_u64(sig);
   if (v >= target) return 0;
   uint64_t deadline = mc_globaltimer_ns() + a->timeout_ns;
@@ -83,6 +83,7 @@ MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) 
 }
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }
+MC_DEV uint64_t *mc_ws_round(const mc_kargs_t *a) { return (uint64_t *)(a->ws + mc_ws_round_off(&a->s)); }
 MC_DEV uint64_t *mc_sig_local(const mc_kargs_t *a, int slot, int peer) {
   return (uint64_t *)(a->win + mc_sig_off(&a->s, slot, peer));
 }

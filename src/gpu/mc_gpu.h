@@ -24,7 +24,7 @@ typedef struct mc_dev_error {
   int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
   int32_t token, k, value;  /* bad input: indices[token][k] = value, or *bound_m = value */
   uint64_t expected, seen;
-  uint32_t round;
+  uint64_t round;
   int32_t claimed; /* 0 -> 1 by the first failing thread */
 } mc_dev_error_t;
 

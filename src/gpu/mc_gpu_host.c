@@ -78,9 +78,9 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   mc_result_t rc;
   if (code == MC_DEVERR_TIMEOUT) {
     return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round %u",
+                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round %llu",
                    phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
-                   (unsigned long long)e->expected, (unsigned long long)e->seen, e->round);
+                   (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round);
   }
   if (code == MC_DEVERR_BAD_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,

@@ -27,7 +27,7 @@
  *   waits for, so rewriting staging in round i+1 is safe.
  * - Running totals (records, rows) and round-tagged SETs (meta, barrier):
  *   no signal is ever reset, so no reset can race with a peer's update.
- *   The round number itself lives in device memory (MC_WS_ROUND), bumped by
+ *   The round number itself lives in device memory (mc_ws_round_off), bumped by
  *   the prep kernel, so a captured CUDA graph replays correctly.
  *
  * Determinism: record positions come from a warp scan in token order, slots
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
   if (a.bound_m) m_eff = *a.bound_m;
   /* the round number moves on only once the input is accepted: a refused
    * round leaves this rank exactly as it was */
-  const uint32_t round = sc[MC_WS_ROUND] + 1;
+  const uint64_t round = *mc_ws_round(&a) + 1;
   __syncthreads();
   if (m_eff < 0 || m_eff > a.m) {
     if (tid == 0) {
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
   if (tid == 0) {
     sc[MC_WS_BAD] = 0;
     sc[MC_WS_M_EFF] = (uint32_t)m_eff;
-    sc[MC_WS_ROUND] = round; /* later kernels read it; this block no longer does */
+    *mc_ws_round(&a) = round; /* later kernels read it; this block no longer does */
   }
   uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
   for (int t = tid; t < m_eff; t += blockDim.x) {
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const int K = s->topk, W = s->world_size, lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const int m_eff = (int)sc[MC_WS_M_EFF];
-  const uint32_t round = sc[MC_WS_ROUND];
+  const uint64_t round = *mc_ws_round(&a);
   int begin, end;
   mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
   const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
   const int tid = threadIdx.x, lane = tid & 31;
-  const uint32_t round = sc[MC_WS_ROUND];
+  const uint64_t round = *mc_ws_round(&a);
   extern __shared__ uint32_t smem[];
   uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
   __shared__ int abort_;
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_send(mc_kargs_t a) {
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
-  const uint32_t round = sc[MC_WS_ROUND];
+  const uint64_t round = *mc_ws_round(&a);
   const int n_route = (int)sc[MC_WS_N_ROUTE];
   if (blockIdx.x == 0)
     for (int p = threadIdx.x; p < W; p += blockDim.x) mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
-  const uint32_t round = sc[MC_WS_ROUND];
+  const uint64_t round = *mc_ws_round(&a);
   const int m_eff = (int)sc[MC_WS_M_EFF];
   const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
   const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
