@@ -19,6 +19,16 @@ MC_DEV uint64_t mc_ld_acquire_sys_u64(const uint64_t *p) {
 }
 MC_DEV uint32_t mc_ld_volatile_u32(const volatile uint32_t *p) { return *p; }
 
+/* red.release.sys / st.release.sys: update a peer's signal after the data.
+ * Release is cumulative: stores of other lanes that happen before it (a
+ * __syncwarp orders them) become visible to whoever acquires the signal. */
+MC_DEV void mc_red_release_sys_add_u64(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MC_DEV void mc_st_release_sys_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 /* %globaltimer: nanoseconds, coarse but monotone: enough for timeouts. */
 MC_DEV uint64_t mc_globaltimer_ns(void) {
   uint64_t t;
@@ -69,11 +79,20 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   }
 }
 
-/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp. */
+/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp,
+ * four 16-byte loads in flight per lane before their stores: a copy is a
+ * chain of memory latencies otherwise (the compiler may not hoist a load
+ * above a store that could alias it). */
 MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane) {
   int4 *d = (int4 *)dst;
   const int4 *s = (const int4 *)src;
-  for (uint64_t i = (uint64_t)lane; i < bytes / 16; i += 32) d[i] = s[i];
+  const uint64_t n = bytes / 16;
+  uint64_t i = (uint64_t)lane;
+  for (; i + 96 < n; i += 128) {
+    int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+    d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
+  }
+  for (; i < n; i += 32) d[i] = s[i];
 }
 /* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp. */
 MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {

@@ -13,6 +13,7 @@ typedef struct mc_gpu {
   mc_dev_error_t *err_h;   /* host view of the mapped error slot */
   mc_dev_error_t *err_d;   /* device view */
   int grid;                /* blocks of the big kernels */
+  int staged;              /* some peer is reached only by puts: stage records first */
   void *peers;             /* transport-specific */
 } mc_gpu_t;
 

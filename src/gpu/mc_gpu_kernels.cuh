@@ -7,6 +7,12 @@
  *       memory) to offset dst_off of rank pe's window, then update pe's
  *       signal (slot, indexed by this rank) after the data (SET or ADD).
  *   mc_t_signal(a, slot, value, op, pe)       one thread: update a signal.
+ *   mc_t_peer_window(a, pe)   rank pe's window as a pointer this GPU can store
+ *       to directly (NVLink / same GPU), or NULL (reached only by puts).
+ *
+ * Where a peer is directly reachable the kernels store into its window and
+ * then update its signal with a release RMW (no staging copy); elsewhere
+ * they stage and put. a->staged says whether any peer needs staging.
  *
  * and waits use mc_dev_wait_ge on this rank's own window. The protocol is
  * the cpu transport's, step for step (src/mc_cpu_dispatch.c and
@@ -41,6 +47,7 @@
 #include "mc_dev.cuh"
 
 #define MC_THREADS 512
+#define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: room for registers */
 #define MC_PREP_THREADS 1024
 #define MC_GPU_MAX_EXPERTS 4096 /* shared-memory scan state of the prep kernel */
 #define MC_GPU_MAX_RANKS 1024
@@ -70,6 +77,39 @@ MC_DEV void mc_store8(void *row, int64_t i8, int dt, const float v[8]) {
     for (int j = 0; j < 8; j++) h[j] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v[j]) : mc_f32_to_f16(v[j]);
     ((int4 *)row)[i8] = q;
   }
+}
+
+/* The same 8 elements as raw bits (two int4 for fp32, one for 16-bit), so a
+ * lane can keep several loads in flight in few registers, then fold them
+ * into fp32 accumulators: acc += w * x (w = 1: acc += x, the same bits). */
+typedef struct mc_raw8 {
+  int4 lo, hi;
+} mc_raw8_t;
+MC_DEV mc_raw8_t mc_load8_raw(const void *row, int64_t i8, int dt) {
+  mc_raw8_t r;
+  if (dt == MC_DTYPE_FP32) {
+    const int4 *p = (const int4 *)row + 2 * i8;
+    r.lo = p[0];
+    r.hi = p[1];
+  } else {
+    r.lo = ((const int4 *)row)[i8];
+    r.hi = make_int4(0, 0, 0, 0);
+  }
+  return r;
+}
+MC_DEV float mc_raw8_elem(const mc_raw8_t &r, int e, int dt) {
+  if (dt == MC_DTYPE_FP32) {
+    const int w = e < 4 ? (e == 0 ? r.lo.x : e == 1 ? r.lo.y : e == 2 ? r.lo.z : r.lo.w)
+                        : (e == 4 ? r.hi.x : e == 5 ? r.hi.y : e == 6 ? r.hi.z : r.hi.w);
+    return __int_as_float(w);
+  }
+  const int w = (e >> 1) == 0 ? r.lo.x : (e >> 1) == 1 ? r.lo.y : (e >> 1) == 2 ? r.lo.z : r.lo.w;
+  const uint16_t h = (uint16_t)((e & 1) ? ((unsigned)w >> 16) : ((unsigned)w & 0xffffu));
+  return dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h) : mc_f16_to_f32(h);
+}
+MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
+#pragma unroll
+  for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_raw8_elem(r, e, dt)));
 }
 
 MC_DEV uint32_t mc_lanemask_lt(void) {
@@ -199,7 +239,31 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
   }
 }
 
-/* ---- dispatch-send, part 2: pack payloads and put (whole grid) ---- */
+/* ---- dispatch-send, part 2a: pack payloads into staging (whole grid),
+ * launched only when some peer is reached by puts ---- */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int lane = threadIdx.x & 31;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  int begin, end;
+  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
+  for (int t = begin + gw; t < end; t += nw) {
+    unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+    mc_warp_copy16(rec + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
+                   s->token_bytes, lane);
+    if (s->scale_bytes)
+      mc_warp_copy4(rec + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
+                    s->scale_bytes, lane);
+  }
+}
+
+/* ---- dispatch-send, part 2b: one warp per (token, destination rank) ----
+ * A directly reachable destination gets the record stored straight into its
+ * window (header from staging, payload and scales from the caller's
+ * buffers), then its record counter is bumped with a release; any other
+ * gets the staged record by put-with-signal. */
 __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -213,26 +277,40 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
   const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
   const uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
-  const uint64_t rec_bytes = mc_record_bytes(s);
-  for (int t = begin + gw; t < end; t += nw) {
-    unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-    mc_warp_copy16(rec + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
-                   s->token_bytes, lane);
-    if (s->scale_bytes)
-      mc_warp_copy4(rec + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
-                    s->scale_bytes, lane);
-    __syncwarp();
-    for (int j = 0; j < n_dests[t]; j++) {
-      int d = dests[(int64_t)t * K + j];
-      mc_t_put_signal_warp(&a, mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]), rec, rec_bytes,
-                           MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
+  const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
+  for (int it = gw; it < (end - begin) * K; it += nw) {
+    const int t = begin + it / K, j = it % K;
+    if (j >= n_dests[t]) continue;
+    const int d = dests[(int64_t)t * K + j];
+    const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
+    const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+    unsigned char *peer = mc_t_peer_window(&a, d);
+    if (peer) {
+      unsigned char *dst = peer + dst_off;
+      mc_warp_copy16(dst, rec, hdr, lane);
+      mc_warp_copy16(dst + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
+                     s->token_bytes, lane);
+      if (s->scale_bytes)
+        mc_warp_copy4(dst + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
+                      s->scale_bytes, lane);
+      __syncwarp();
+      if (lane == 0) mc_red_release_sys_add_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_RECS, a.rank)), 1);
+    } else {
+      mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
     }
   }
-  /* metas to every rank (zero records included), from the last warp */
-  if (gw == nw - 1)
-    for (int d = 0; d < W; d++)
+  /* metas to every rank (zero records included), one warp per rank */
+  for (int d = nw - 1 - gw; d < W; d += nw) {
+    unsigned char *peer = mc_t_peer_window(&a, d);
+    if (peer) {
+      mc_warp_copy16(peer + mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s), lane);
+      __syncwarp();
+      if (lane == 0) mc_st_release_sys_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+    } else {
       mc_t_put_signal_warp(&a, mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s),
                            MC_SIG_DISP_META, round, MC_SIG_SET, d);
+    }
+  }
 }
 
 /* ---- dispatch-recv (whole grid) ----
@@ -324,11 +402,16 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   }
 }
 
-/* ---- combine-send (whole grid) ----
- * Enter the round barrier, then per received record: the fp32 sum of its
- * experts' rows on this rank, weighted, ascending local expert, rounded to
- * the wire dtype in staging, and put to every rank of the token's group. */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_send(mc_kargs_t a) {
+/* ---- combine-send (whole grid): one warp per (received record, row segment) ----
+ * Enter the round barrier, then for each segment of each pre-reduced row:
+ * the fp32 sum of the record's experts on this rank, weighted, ascending
+ * local expert, rounded to the wire dtype, stored straight into every
+ * group member's window that is directly reachable (then its row counter is
+ * bumped with a release), staged and put to the others. Each lane keeps
+ * four 8-element groups in flight per expert. */
+#define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
+
+__global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -336,30 +419,62 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_send(mc_kargs_t a) {
   const uint64_t round = *mc_ws_round(&a);
   const int n_route = (int)sc[MC_WS_N_ROUTE];
   if (blockIdx.x == 0)
-    for (int p = threadIdx.x; p < W; p += blockDim.x) mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
+    for (int p = threadIdx.x; p < W; p += blockDim.x) {
+      unsigned char *peer = mc_t_peer_window(&a, p);
+      if (peer) mc_st_release_sys_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
+      else mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
+    }
   const uint64_t row_bytes = mc_row_bytes(s);
-  const int64_t n8 = s->hidden / 8;
+  const int segs = mc_row_segs(s);
+  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
+  const int64_t row_groups = s->hidden / 8;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int i = gw; i < n_route; i += nw) {
+  for (int it = gw; it < n_route * segs; it += nw) {
+    const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
     const int n = r->n_targets;
-    unsigned char *row = a.win + mc_comb_send_off(s, i);
-    for (int64_t j = lane; j < n8; j += 32) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, y[8];
-      for (int k = 0; k < n; k++) {
-        mc_target_t tg = r->targets[k];
-        mc_load8((const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, j,
-                 a.in_dtype, y);
+    const int64_t g0 = (int64_t)sg * seg_groups;
+    float acc[MC_SEG_GROUPS_PER_LANE][8];
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(tg.weight, y[e]));
+    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    for (int k = 0; k < n; k++) {
+      const mc_target_t tg = r->targets[k];
+      const unsigned char *y = (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
+      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+        const int64_t g = g0 + lane + 32 * q;
+        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
       }
-      mc_store8(row, j, a.in_dtype, acc);
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
     }
-    __syncwarp();
+    const uint64_t seg_off = (uint64_t)sg * MC_SEG_BYTES;
+    const uint64_t seg_bytes = row_bytes - seg_off < MC_SEG_BYTES ? row_bytes - seg_off : MC_SEG_BYTES;
+    const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     const int first = (r->src_rank / G) * G;
-    for (int p = first; p < first + G; p++)
-      mc_t_put_signal_warp(&a, mc_comb_recv_off(s, a.rank, r->token), row, row_bytes, MC_SIG_COMB_ROWS, 1,
-                           MC_SIG_ADD, p);
+    bool staged_here = false;
+    for (int p = first; p < first + G; p++) {
+      unsigned char *peer = mc_t_peer_window(&a, p);
+      unsigned char *row = peer ? peer + dst_off : a.win + mc_comb_send_off(s, i);
+      if (peer || !staged_here) {
+#pragma unroll
+        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+          const int64_t g = g0 + lane + 32 * q;
+          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(row, g, a.in_dtype, acc[q]);
+        }
+        __syncwarp();
+      }
+      if (peer) {
+        if (lane == 0) mc_red_release_sys_add_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_ROWS, a.rank)), 1);
+      } else {
+        staged_here = true;
+        mc_t_put_signal_warp(&a, dst_off + seg_off, a.win + mc_comb_send_off(s, i) + seg_off, seg_bytes,
+                             MC_SIG_COMB_ROWS, 1, MC_SIG_ADD, p);
+      }
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
@@ -386,27 +501,45 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   if (tid == 0) abort_ = 0;
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), seen[MC_SIG_COMB_ROWS * W + src] + expect[src],
-                       MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round))
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
+                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src] * mc_row_segs(s), MC_PHASE_CRECV, src,
+                       MC_SIG_COMB_ROWS, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
   const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
   const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  const int64_t n8 = s->hidden / 8;
   const uint64_t out_row = (uint64_t)s->hidden * (a.out_dtype == MC_DTYPE_FP32 ? 4u : 2u);
+  const int segs = mc_row_segs(s);
+  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes), row_groups = s->hidden / 8;
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int t = gw; t < m_eff; t += nw) {
+  /* one warp per (token, segment): four 8-element groups per lane in flight */
+  for (int it = gw; it < m_eff * segs; it += nw) {
+    const int t = it / segs, sg = it % segs;
     const uint16_t *d = dests + (int64_t)t * K;
     const int nd = n_dests[t];
-    for (int64_t j = lane; j < n8; j += 32) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8];
-      for (int q = 0; q < nd; q++) {
-        mc_load8(a.win + mc_comb_recv_off(s, d[q], t), j, a.in_dtype, x);
+    const int64_t g0 = (int64_t)sg * seg_groups;
+    float acc[MC_SEG_GROUPS_PER_LANE][8];
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], x[e]);
+    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    for (int j = 0; j < nd; j++) {
+      const unsigned char *row = a.win + mc_comb_recv_off(s, d[j], t);
+      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+        const int64_t g = g0 + lane + 32 * q;
+        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(row, g, a.in_dtype);
       }
-      mc_store8((unsigned char *)a.out + (uint64_t)t * out_row, j, a.out_dtype, acc);
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], 1.0f, v[q], a.in_dtype);
+    }
+#pragma unroll
+    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+      const int64_t g = g0 + lane + 32 * q;
+      if (32 * q + lane < seg_groups && g < row_groups)
+        mc_store8((unsigned char *)a.out + (uint64_t)t * out_row, g, a.out_dtype, acc[q]);
     }
   }
   for (int p = tid; p < W; p += blockDim.x)
@@ -419,7 +552,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += expect[src];
+      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * mc_row_segs(s);
       sc[MC_WS_DONE_CRECV] = 0;
     }
   }

@@ -31,6 +31,10 @@ static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *a, int slot
   nvshmemx_signal_op(sig, value, op == MC_SIG_ADD ? NVSHMEM_SIGNAL_ADD : NVSHMEM_SIGNAL_SET, pe);
 }
 
+static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs_t *a, int pe) {
+  return (unsigned char *)nvshmem_ptr(a->win, pe);
+}
+
 #include "mc_gpu_kernels.cuh"
 
 /* ---- start-up ---- */
@@ -112,6 +116,9 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
     return cuda_fail(a2a, e, "clearing the window");
   }
   nvshmem_barrier_all();
+  /* peers reached only through puts need records staged first */
+  for (int pe = 0; pe < a2a->comm->world_size; pe++)
+    if (!nvshmem_ptr(g->win, pe)) g->staged = 1;
   a2a->stats.buffer_bytes = mc_window_bytes(&a2a->shape) + mc_workspace_bytes(&a2a->shape);
   return MC_SUCCESS;
 }
@@ -125,10 +132,11 @@ static mc_result_t launch(mc_a2a_t *a2a, int half, const mc_kargs_t *ka, cudaStr
   switch (half) {
   case MC_PHASE_DSEND:
     mc_k_dispatch_prep<<<1, MC_PREP_THREADS, prep_smem, st>>>(*ka);
+    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(*ka);
     mc_k_dispatch_send<<<g->grid, MC_THREADS, 0, st>>>(*ka);
     break;
   case MC_PHASE_DRECV: mc_k_dispatch_recv<<<g->grid, MC_THREADS, recv_smem, st>>>(*ka); break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<g->grid, MC_THREADS, 0, st>>>(*ka); break;
+  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, 0, st>>>(*ka); break;
   case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(*ka); break;
   }
   cudaError_t e = cudaGetLastError();
