@@ -55,6 +55,7 @@ if [ "$mode" = full ] && command -v compute-sanitizer >/dev/null; then
          build-dev/mc-bench --transport nvshmem -n 2 -t 8 -e 16 -k 4 --hidden 256 -r 2 -w 1 --no-dense \
          > "$out/sanitizer-$tool.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
     results+=("sanitizer-$tool $r $(( $(date +%s) - s ))s")
+    [ "$r" = PASS ] || grep -E "=========" "$out/sanitizer-$tool.log" | head -12
   done
 fi
 
@@ -68,6 +69,8 @@ tok_list="1 8 32 128 512"
 for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
 
+# the files that come back are few: JSON and the summary stay, logs go in one archive
+(cd "$out" && tar czf logs.tgz --remove-files *.log *.err *.txt --exclude summary.txt 2>/dev/null || true)
 echo
 echo "== tests =="
 printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"

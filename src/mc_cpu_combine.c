@@ -4,12 +4,12 @@
  * Send: tell every rank "I entered combine-send of this round" (the round
  * barrier), then for each record dispatch-recv took in, sum its experts'
  * outputs here (fp32, experts ascending, weighted), round once to the wire
- * dtype and put that one row to every rank of the token's group, segment by
- * segment (MC_SEG_BYTES), each adding 1 to their row counter for this rank.
+ * dtype and put that one row to every rank of the token's group, adding 1
+ * to their row counter for this rank.
  * One row per (token, expert rank) instead of one per (token, expert).
  *
  * Recv: wait until each rank's row counter reaches its running total plus
- * the row segments expected from it (known from our own routing), sum each token's
+ * the rows expected from it (known from our own routing), sum each token's
  * rows in ascending rank order in fp32, round once to the output dtype;
  * then wait for every rank's barrier signal of this round.
  *
@@ -51,10 +51,8 @@ mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args) {
     mc_row_store(row, acc, H, in);
     int first = (r->src_rank / G) * G;
     for (int p = first; p < first + G; p++) {
-      for (uint64_t off = 0; off < row_bytes; off += MC_SEG_BYTES) /* segment by segment, as the GPU */
-        mc_cpu_put_signal(a2a, p, mc_comb_recv_off(s, a2a->comm->rank, r->token) + off, row + off,
-                          row_bytes - off < MC_SEG_BYTES ? row_bytes - off : MC_SEG_BYTES, MC_SIG_COMB_ROWS, 1,
-                          MC_SIG_ADD);
+      mc_cpu_put_signal(a2a, p, mc_comb_recv_off(s, a2a->comm->rank, r->token), row, row_bytes,
+                        MC_SIG_COMB_ROWS, 1, MC_SIG_ADD);
       a2a->stats.combine_rows_sent++;
       a2a->stats.combine_bytes_sent += row_bytes;
     }
@@ -77,9 +75,9 @@ mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
 
   for (int src = 0; src < W; src++) {
     uint64_t *total = &seen[MC_SIG_COMB_ROWS * W + src];
-    const uint64_t segs = (uint64_t)expect[src] * (uint64_t)mc_row_segs(s);
-    if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_ROWS, src, *total + segs, NULL))) return rc;
-    *total += segs;
+    if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_ROWS, src, *total + expect[src], NULL)))
+      return rc;
+    *total += expect[src];
   }
   for (int t = 0; t < c->m_eff; t++) {
     unsigned char *o = (unsigned char *)args->out + (uint64_t)t * out_row;

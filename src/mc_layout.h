@@ -52,7 +52,7 @@
 enum {
   MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed */
   MC_SIG_DISP_RECS = 1, /* ADD 1 per record from peer; never reset (running total) */
-  MC_SIG_COMB_ROWS = 2, /* ADD 1 per combine row segment from peer; never reset */
+  MC_SIG_COMB_ROWS = 2, /* ADD 1 per combine row from peer; never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
   MC_SIG_COUNT = 4
 };
@@ -109,9 +109,7 @@ MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
   return mc_align_up((1 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
 }
 MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
-/* A combine row travels in segments of at most MC_SEG_BYTES, each with its
- * own signal (ADD 1): on a GPU, many warps share one row, each sends and
- * signals its segment. The row counters count segments. */
+/* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
 #define MC_SEG_BYTES 2048u
 MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
 

@@ -148,11 +148,15 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
     }
     return;
   }
+  /* each thread works on local copies: the routing helpers walk their arrays
+   * many times, and in global memory every step would be a full latency */
   for (int t = tid; t < m_eff; t += blockDim.x) {
-    int k = 0, why = mc_route_check(a.indices + (int64_t)t * K, K, E, &k);
+    int32_t idx[MC_MAX_TOPK];
+    for (int k = 0; k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
+    int k = 0, why = mc_route_check(idx, K, E, &k);
     if (why != MC_ROUTE_OK) {
       mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
-                  a.rank, -1, -1, t, k, a.indices[(int64_t)t * K + k], 0, 0, round);
+                  a.rank, -1, -1, t, k, idx[k], 0, 0, round);
       bad = 1;
     }
   }
@@ -171,9 +175,15 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
   }
   uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
   for (int t = tid; t < m_eff; t += blockDim.x) {
-    int n = mc_route_dests(a.indices + (int64_t)t * K, K, L, dests + (int64_t)t * K);
+    int32_t idx[MC_MAX_TOPK];
+    uint16_t dl[MC_MAX_TOPK];
+    for (int k = 0; k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
+    int n = mc_route_dests(idx, K, L, dl);
     n_dests[t] = (uint16_t)n;
-    for (int j = 0; j < n; j++) atomicAdd(&expect[dests[(int64_t)t * K + j]], 1u);
+    for (int j = 0; j < n; j++) {
+      dests[(int64_t)t * K + j] = dl[j];
+      atomicAdd(&expect[dl[j]], 1u);
+    }
   }
   __syncthreads();
 
@@ -184,9 +194,11 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
     for (int base = begin; base < end; base += 32) {
       const int t = base + lane;
       const bool valid = t < end;
-      const int32_t *idx = a.indices + (int64_t)t * K;
-      const uint16_t *d = dests + (int64_t)t * K;
+      int32_t idx[MC_MAX_TOPK];
+      uint16_t d[MC_MAX_TOPK];
       const int nd = valid ? n_dests[t] : 0;
+      for (int k = 0; valid && k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
+      for (int j = 0; j < nd; j++) d[j] = dests[(int64_t)t * K + j];
       if (valid) {
         for (int k = 0; k < K; k++) atomicOr(&emask[idx[k]], 1u << lane);
         for (int j = 0; j < nd; j++) atomicOr(&rmask[d[j]], 1u << lane);
@@ -402,13 +414,15 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   }
 }
 
-/* ---- combine-send (whole grid): one warp per (received record, row segment) ----
- * Enter the round barrier, then for each segment of each pre-reduced row:
- * the fp32 sum of the record's experts on this rank, weighted, ascending
- * local expert, rounded to the wire dtype, stored straight into every
- * group member's window that is directly reachable (then its row counter is
- * bumped with a release), staged and put to the others. Each lane keeps
- * four 8-element groups in flight per expert. */
+/* ---- combine-send (whole grid): one warp per received record ----
+ * Enter the round barrier, then for each record: segment by segment, the
+ * fp32 sum of its experts' rows on this rank, weighted, ascending local
+ * expert, rounded to the wire dtype, stored straight into every group
+ * member's window that is directly reachable, or into staging for the
+ * others. Once the whole row is out: one release signal per direct member,
+ * one put-with-signal per staged member. (A signal per segment cost a
+ * system-scope release each: measured 2x slower, perf-notes.) Each lane
+ * keeps four 8-element loads in flight per expert. */
 #define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
 
 __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t a) {
@@ -429,50 +443,56 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
   const int64_t row_groups = s->hidden / 8;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int it = gw; it < n_route * segs; it += nw) {
-    const int i = it / segs, sg = it % segs;
+  for (int i = gw; i < n_route; i += nw) {
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-    const int n = r->n_targets;
-    const int64_t g0 = (int64_t)sg * seg_groups;
-    float acc[MC_SEG_GROUPS_PER_LANE][8];
-#pragma unroll
-    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
-    for (int k = 0; k < n; k++) {
-      const mc_target_t tg = r->targets[k];
-      const unsigned char *y = (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
-      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-        const int64_t g = g0 + lane + 32 * q;
-        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
-      }
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
-    }
-    const uint64_t seg_off = (uint64_t)sg * MC_SEG_BYTES;
-    const uint64_t seg_bytes = row_bytes - seg_off < MC_SEG_BYTES ? row_bytes - seg_off : MC_SEG_BYTES;
+    const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
-    const int first = (r->src_rank / G) * G;
-    bool staged_here = false;
-    for (int p = first; p < first + G; p++) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      unsigned char *row = peer ? peer + dst_off : a.win + mc_comb_send_off(s, i);
-      if (peer || !staged_here) {
+    unsigned char *stage = a.win + mc_comb_send_off(s, i);
+    bool any_staged = false;
+    for (int p = first; p < first + G; p++) any_staged |= mc_t_peer_window(&a, p) == NULL;
+    for (int sg = 0; sg < segs; sg++) {
+      const int64_t g0 = (int64_t)sg * seg_groups;
+      float acc[MC_SEG_GROUPS_PER_LANE][8];
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+      for (int k = 0; k < n; k++) {
+        const mc_target_t tg = r->targets[k];
+        const unsigned char *y =
+            (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
+        mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
 #pragma unroll
         for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
           const int64_t g = g0 + lane + 32 * q;
-          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(row, g, a.in_dtype, acc[q]);
+          if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
         }
-        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
       }
+      for (int p = first; p < first + G; p++) {
+        unsigned char *peer = mc_t_peer_window(&a, p);
+        if (!peer) continue;
+#pragma unroll
+        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+          const int64_t g = g0 + lane + 32 * q;
+          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(peer + dst_off, g, a.in_dtype, acc[q]);
+        }
+      }
+      if (any_staged)
+#pragma unroll
+        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+          const int64_t g = g0 + lane + 32 * q;
+          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(stage, g, a.in_dtype, acc[q]);
+        }
+    }
+    __syncwarp();
+    for (int p = first; p < first + G; p++) {
+      unsigned char *peer = mc_t_peer_window(&a, p);
       if (peer) {
         if (lane == 0) mc_red_release_sys_add_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_ROWS, a.rank)), 1);
       } else {
-        staged_here = true;
-        mc_t_put_signal_warp(&a, dst_off + seg_off, a.win + mc_comb_send_off(s, i) + seg_off, seg_bytes,
-                             MC_SIG_COMB_ROWS, 1, MC_SIG_ADD, p);
+        mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, 1, MC_SIG_ADD, p);
       }
     }
   }
@@ -502,7 +522,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src] * mc_row_segs(s), MC_PHASE_CRECV, src,
+                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src], MC_PHASE_CRECV, src,
                        MC_SIG_COMB_ROWS, round))
       abort_ = 1;
   __syncthreads();
@@ -552,7 +572,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * mc_row_segs(s);
+      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += expect[src];
       sc[MC_WS_DONE_CRECV] = 0;
     }
   }
