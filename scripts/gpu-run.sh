@@ -70,7 +70,7 @@ for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
 
 # the files that come back are few: JSON and the summary stay, logs go in one archive
-(cd "$out" && tar czf logs.tgz --remove-files *.log *.err *.txt --exclude summary.txt 2>/dev/null || true)
+(cd "$out" && tar czf logs.tgz --remove-files $(cd "$out" && ls *.log *.err machine.txt 2>/dev/null) 2>/dev/null || true)
 echo
 echo "== tests =="
 printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
