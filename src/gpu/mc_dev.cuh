@@ -66,10 +66,15 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   uint64_t v = mc_ld_acquire_sys_u64(sig);
   if (v >= target) return 0;
   uint64_t deadline = mc_globaltimer_ns() + a->timeout_ns;
+  unsigned nap = 32;
   for (uint32_t it = 1;; it++) {
     v = mc_ld_acquire_sys_u64(sig);
     if (v >= target) return 0;
-    if ((it & 255u) == 0) {
+    /* back off: hundreds of pollers in tight loops (other ranks' receive
+     * kernels on the same GPU) load the memory system the senders need */
+    __nanosleep(nap);
+    if (nap < 512) nap *= 2;
+    if ((it & 15u) == 0) {
       if (mc_dev_failed(a->err)) return 1;
       if (mc_globaltimer_ns() > deadline) {
         mc_dev_fail(a->err, MC_DEVERR_TIMEOUT, phase, a->rank, peer, slot, -1, -1, 0, target, v, round);

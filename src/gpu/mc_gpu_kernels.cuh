@@ -220,18 +220,19 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
         }
         for (int j = 0; j < nd; j++) ridx[(int64_t)(t - begin) * K + j] = rcount[d[j]] + __popc(rmask[d[j]] & lt);
       }
-      __syncwarp();
-      /* the lowest lane holding an expert (rank) moves its count on and clears it */
+      /* the lowest lane holding an expert (rank) moves its count on and
+       * clears the mask: decided on what every lane read above, written
+       * after a __syncwarp, so no lane reads a word another one writes */
+      uint32_t lowest_e = 0, lowest_r = 0; /* bit k / j: this lane is the lowest for idx[k] / d[j] */
       if (valid) {
-        for (int k = 0; k < K; k++) {
-          uint32_t mk = emask[idx[k]];
-          if ((mk & lt) == 0 && mk) ecount[idx[k]] += __popc(mk), emask[idx[k]] = 0;
-        }
-        for (int j = 0; j < nd; j++) {
-          uint32_t mk = rmask[d[j]];
-          if ((mk & lt) == 0 && mk) rcount[d[j]] += __popc(mk), rmask[d[j]] = 0;
-        }
+        for (int k = 0; k < K; k++) lowest_e |= (uint32_t)((emask[idx[k]] & lt) == 0) << k;
+        for (int j = 0; j < nd; j++) lowest_r |= (uint32_t)((rmask[d[j]] & lt) == 0) << j;
       }
+      __syncwarp();
+      for (int k = 0; k < K; k++)
+        if (lowest_e >> k & 1u) ecount[idx[k]] += __popc(emask[idx[k]]), emask[idx[k]] = 0;
+      for (int j = 0; j < nd; j++)
+        if (lowest_r >> j & 1u) rcount[d[j]] += __popc(rmask[d[j]]), rmask[d[j]] = 0;
       __syncwarp();
     }
   }
