@@ -32,10 +32,12 @@ if [ "$mode" = probe ]; then
     timeout 120 scripts/mc-launch.sh $n -- $B -n $n -t 128 > "$out/probe-ep$n.txt" 2>&1
     echo "EP$n:"; grep -E "dispatch|combine|verdict" "$out/probe-ep$n.txt" | head -9
   done
-  for g in 32 64; do
+  for g in 16 32 132; do
     MC_GPU_BLOCKS=$g timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-g$g.txt" 2>&1
     echo "EP8 blocks=$g:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-g$g.txt" | head -9
   done
+  MC_MPS_PERCENT=100 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-p100.txt" 2>&1
+  echo "EP8 MPS share 100%:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-p100.txt" | head -9
   exit 0
 fi
 run_test() { # name ranks-hint

@@ -6,7 +6,7 @@
 # - otherwise several ranks per GPU under MPS, each limited to 100/k percent
 #   of its GPU's SMs (k ranks per GPU); MPS is started here and always shut
 #   down when this script exits, however it exits;
-#   (MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
+#   (MC_MPS_PERCENT overrides the share; MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
 #   not run under MPS);
 # - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
 #   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
@@ -32,7 +32,7 @@ if [ "$n" -gt "$gpus" ] && [ -z "${MC_NO_MPS:-}" ]; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d
   trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
-  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$(( 100 / per ))
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MC_MPS_PERCENT:-$(( 100 / per ))}
   echo "mc-launch: $n ranks on $gpus GPU(s) under MPS, $per per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE}% of the SMs each" >&2
 else
   echo "mc-launch: $n ranks, one per GPU" >&2
