@@ -174,6 +174,8 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *             each other through device memory, so a captured graph replays
  *   stats     MC_WS_NSTATS uint64: what was sent, counted on the device
  *   round     uint64: the GPU kernels' round number
+ *   rowdone   [world_size * src_cap] uint32: segments of each combine row
+ *             written so far (GPU: the last segment's warp signals the row)
  */
 enum {
   MC_WS_M_EFF = 0,  /* valid tokens of this round (bound_m applied) */
@@ -233,6 +235,9 @@ MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
 /* The round number (uint64, never wraps), bumped on the device by
  * dispatch-send, so a captured CUDA graph replays correctly. */
 MC_HD uint64_t mc_ws_round_off(const mc_shape_t *s) { return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t); }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) { return mc_ws_round_off(s) + sizeof(uint64_t); }
+MC_HD uint64_t mc_ws_rowdone_off(const mc_shape_t *s) { return mc_ws_round_off(s) + sizeof(uint64_t); }
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_rowdone_off(s) + mc_align_up((uint64_t)s->world_size * mc_src_cap(s) * sizeof(uint32_t), MC_ALIGN);
+}
 
 #endif /* MC_LAYOUT_H */

@@ -415,15 +415,16 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   }
 }
 
-/* ---- combine-send (whole grid): one warp per received record ----
- * Enter the round barrier, then for each record: segment by segment, the
- * fp32 sum of its experts' rows on this rank, weighted, ascending local
- * expert, rounded to the wire dtype, stored straight into every group
+/* ---- combine-send (whole grid): one warp per (received record, row segment) ----
+ * Enter the round barrier, then for each segment of each pre-reduced row:
+ * the fp32 sum of the record's experts on this rank, weighted, ascending
+ * local expert, rounded to the wire dtype, stored straight into every group
  * member's window that is directly reachable, or into staging for the
- * others. Once the whole row is out: one release signal per direct member,
- * one put-with-signal per staged member. (A signal per segment cost a
- * system-scope release each: measured 2x slower, perf-notes.) Each lane
- * keeps four 8-element loads in flight per expert. */
+ * others. The warp that finishes a row's last segment (a per-row counter)
+ * sends the row's signal: one release per direct member, one
+ * put-with-signal per staged member. Each lane keeps four 8-element loads
+ * in flight per expert. (Measured: a warp per whole row starves the SMs of
+ * warps, a signal per segment costs a system-scope release each; perf-notes.) */
 #define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
 
 __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t a) {
@@ -443,51 +444,62 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
   const int segs = mc_row_segs(s);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
   const int64_t row_groups = s->hidden / 8;
+  uint32_t *rowdone = mc_ws_u32(&a, mc_ws_rowdone_off(s));
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int i = gw; i < n_route; i += nw) {
+  for (int it = gw; it < n_route * segs; it += nw) {
+    const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
-    bool any_staged = false;
-    for (int p = first; p < first + G; p++) any_staged |= mc_t_peer_window(&a, p) == NULL;
-    for (int sg = 0; sg < segs; sg++) {
-      const int64_t g0 = (int64_t)sg * seg_groups;
-      float acc[MC_SEG_GROUPS_PER_LANE][8];
+    const int64_t g0 = (int64_t)sg * seg_groups;
+    float acc[MC_SEG_GROUPS_PER_LANE][8];
 #pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
-      for (int k = 0; k < n; k++) {
-        const mc_target_t tg = r->targets[k];
-        const unsigned char *y =
-            (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
-        mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    for (int k = 0; k < n; k++) {
+      const mc_target_t tg = r->targets[k];
+      const unsigned char *y = (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
+      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
 #pragma unroll
-        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-          const int64_t g = g0 + lane + 32 * q;
-          if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
-        }
-#pragma unroll
-        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+        const int64_t g = g0 + lane + 32 * q;
+        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
       }
-      for (int p = first; p < first + G; p++) {
-        unsigned char *peer = mc_t_peer_window(&a, p);
-        if (!peer) continue;
 #pragma unroll
-        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-          const int64_t g = g0 + lane + 32 * q;
-          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(peer + dst_off, g, a.in_dtype, acc[q]);
-        }
-      }
-      if (any_staged)
-#pragma unroll
-        for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-          const int64_t g = g0 + lane + 32 * q;
-          if (32 * q + lane < seg_groups && g < row_groups) mc_store8(stage, g, a.in_dtype, acc[q]);
-        }
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
     }
+    bool any_staged = false;
+    for (int p = first; p < first + G; p++) {
+      unsigned char *peer = mc_t_peer_window(&a, p);
+      any_staged |= peer == NULL;
+      if (!peer) continue;
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+        const int64_t g = g0 + lane + 32 * q;
+        if (32 * q + lane < seg_groups && g < row_groups) mc_store8(peer + dst_off, g, a.in_dtype, acc[q]);
+      }
+    }
+    if (any_staged)
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
+        const int64_t g = g0 + lane + 32 * q;
+        if (32 * q + lane < seg_groups && g < row_groups) mc_store8(stage, g, a.in_dtype, acc[q]);
+      }
+    /* count this segment done; the row's last segment sends the row */
     __syncwarp();
+    uint32_t done = 0;
+    if (lane == 0) {
+      __threadfence(); /* our segment's stores before the count another warp acts on */
+      done = atomicAdd(&rowdone[i], 1u);
+    }
+    done = __shfl_sync(0xffffffffu, done, 0);
+    if (done != (uint32_t)segs - 1) continue;
+    if (lane == 0) rowdone[i] = 0; /* for the next round */
+    /* the other warps' segments, seen through the count, before the signal
+     * (system scope: the row may have gone to another GPU or a NIC) */
+    __threadfence_system();
     for (int p = first; p < first + G; p++) {
       unsigned char *peer = mc_t_peer_window(&a, p);
       if (peer) {
