@@ -27,17 +27,23 @@ if [ "$mode" = probe ]; then
     -k regex:mc_k_ --launch-skip 40 --launch-count 10 \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
     $B -n 1 -t 128 > "$out/ncu-ep1.log" 2>&1
-  grep -E "mc_k_|gpu__time|dram__|sm__thr|grid_size" "$out/ncu-ep1.log" | head -60
+  grep -E "mc_k_|gpu__time" "$out/ncu-ep1.log" | paste - - | awk '{print $1, $NF}' | sort | uniq
+  MC_GPU_STAGED=1 MC_NO_MPS=1 timeout 240 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
+    -k regex:mc_k_ --launch-skip 40 --launch-count 12 --metrics gpu__time_duration.sum \
+    $B -n 1 -t 128 > "$out/ncu-ep1-staged.log" 2>&1
+  echo "staged:"; grep -E "mc_k_|gpu__time" "$out/ncu-ep1-staged.log" | paste - - | awk '{print $1, $NF}' | sort | uniq
+  MC_GPU_STAGED=1 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-staged.txt" 2>&1
+  echo "EP8 staged:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-staged.txt" | head -9
   for n in 1 2 8; do
     timeout 120 scripts/mc-launch.sh $n -- $B -n $n -t 128 > "$out/probe-ep$n.txt" 2>&1
     echo "EP$n:"; grep -E "dispatch|combine|verdict" "$out/probe-ep$n.txt" | head -9
   done
-  for g in 16 32 132; do
+  for g in 32; do
     MC_GPU_BLOCKS=$g timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-g$g.txt" 2>&1
     echo "EP8 blocks=$g:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-g$g.txt" | head -9
   done
-  MC_MPS_PERCENT=100 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-p100.txt" 2>&1
-  echo "EP8 MPS share 100%:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-p100.txt" | head -9
+  MC_GPU_STAGED=1 MC_GPU_BLOCKS=32 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-staged-g32.txt" 2>&1
+  echo "EP8 staged blocks=32:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-staged-g32.txt" | head -9
   exit 0
 fi
 run_test() { # name ranks-hint

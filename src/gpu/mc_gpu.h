@@ -48,6 +48,7 @@ typedef struct mc_kargs {
   mc_dev_error_t *err;
   uint64_t timeout_ns;
   void *peers; /* transport-specific: p2p's table of peer window addresses */
+  int direct;  /* 1: store into directly reachable peers; 0: always stage and put (MC_GPU_STAGED=1) */
 } mc_kargs_t;
 
 #ifdef __cplusplus

@@ -50,6 +50,8 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   int dev = 0;
   cudaGetDevice(&dev);
   g->grid = grid_size(dev);
+  /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
+  g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaMemset(g->ws, 0, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&g->err_h, sizeof(mc_dev_error_t), cudaHostAllocMapped);
@@ -123,6 +125,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->err = g->err_d;
   ka->timeout_ns = (uint64_t)a2a->comm->timeout_ms * 1000000ull;
   ka->peers = g->peers;
+  ka->direct = g->direct;
   if (d) {
     ka->tokens = d->tokens;
     ka->scales = d->scales;

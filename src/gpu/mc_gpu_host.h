@@ -14,6 +14,7 @@ typedef struct mc_gpu {
   mc_dev_error_t *err_d;   /* device view */
   int grid;                /* blocks of the big kernels */
   int staged;              /* some peer is reached only by puts: stage records first */
+  int direct;              /* store into directly reachable peers (else: stage and put to all) */
   void *peers;             /* transport-specific */
 } mc_gpu_t;
 

@@ -32,7 +32,7 @@ static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *a, int slot
 }
 
 static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs_t *a, int pe) {
-  return (unsigned char *)nvshmem_ptr(a->win, pe);
+  return a->direct ? (unsigned char *)nvshmem_ptr(a->win, pe) : NULL;
 }
 
 #include "mc_gpu_kernels.cuh"
@@ -118,7 +118,7 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   nvshmem_barrier_all();
   /* peers reached only through puts need records staged first */
   for (int pe = 0; pe < a2a->comm->world_size; pe++)
-    if (!nvshmem_ptr(g->win, pe)) g->staged = 1;
+    if (!g->direct || !nvshmem_ptr(g->win, pe)) g->staged = 1;
   a2a->stats.buffer_bytes = mc_window_bytes(&a2a->shape) + mc_workspace_bytes(&a2a->shape);
   return MC_SUCCESS;
 }
