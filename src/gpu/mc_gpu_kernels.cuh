@@ -53,18 +53,6 @@
 #define MC_GPU_MAX_RANKS 1024
 
 /* ---- 8 elements at a time: 16 bytes of bf16/fp16, 32 of fp32 ---- */
-MC_DEV void mc_load8(const void *row, int64_t i8, int dt, float v[8]) {
-  if (dt == MC_DTYPE_FP32) {
-    const float4 *p = (const float4 *)row + 2 * i8;
-    float4 a = p[0], b = p[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    int4 q = ((const int4 *)row)[i8];
-    const uint16_t *h = (const uint16_t *)&q;
-#pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h[j]) : mc_f16_to_f32(h[j]);
-  }
-}
 MC_DEV void mc_store8(void *row, int64_t i8, int dt, const float v[8]) {
   if (dt == MC_DTYPE_FP32) {
     float4 *p = (float4 *)row + 2 * i8;
@@ -110,6 +98,40 @@ MC_DEV float mc_raw8_elem(const mc_raw8_t &r, int e, int dt) {
 MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
 #pragma unroll
   for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_raw8_elem(r, e, dt)));
+}
+
+/* ---- a warp's share of one row segment (MC_SEG_BYTES): lane owns the
+ * 8-element groups g0 + lane + 32 q, four loads in flight per lane ---- */
+#define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
+typedef struct mc_seg {
+  int64_t g0, seg_groups, row_groups; /* first group, groups per segment, groups per row */
+  int lane;
+} mc_seg_t;
+MC_DEV bool mc_seg_owns(const mc_seg_t &sg, int q, int64_t *g) {
+  *g = sg.g0 + sg.lane + 32 * q;
+  return 32 * q + sg.lane < sg.seg_groups && *g < sg.row_groups;
+}
+MC_DEV void mc_seg_zero(float acc[MC_SEG_GROUPS_PER_LANE][8]) {
+#pragma unroll
+  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+}
+/* acc += w * row over the segment: all loads first, then the sums */
+MC_DEV void mc_seg_axpy(float acc[MC_SEG_GROUPS_PER_LANE][8], float w, const void *row, const mc_seg_t &sg, int dt) {
+  mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
+  int64_t g;
+#pragma unroll
+  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+    if (mc_seg_owns(sg, q, &g)) v[q] = mc_load8_raw(row, g, dt);
+#pragma unroll
+  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], w, v[q], dt);
+}
+MC_DEV void mc_seg_store(void *row, const float acc[MC_SEG_GROUPS_PER_LANE][8], const mc_seg_t &sg, int dt) {
+  int64_t g;
+#pragma unroll
+  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+    if (mc_seg_owns(sg, q, &g)) mc_store8(row, g, dt, acc[q]);
 }
 
 MC_DEV uint32_t mc_lanemask_lt(void) {
@@ -425,8 +447,6 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
  * put-with-signal per staged member. Each lane keeps four 8-element loads
  * in flight per expert. (Measured: a warp per whole row starves the SMs of
  * warps, a signal per segment costs a system-scope release each; perf-notes.) */
-#define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
-
 __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -452,41 +472,22 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
-    const int64_t g0 = (int64_t)sg * seg_groups;
+    const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
-#pragma unroll
-    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    mc_seg_zero(acc);
     for (int k = 0; k < n; k++) {
       const mc_target_t tg = r->targets[k];
-      const unsigned char *y = (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes;
-      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-        const int64_t g = g0 + lane + 32 * q;
-        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(y, g, a.in_dtype);
-      }
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], tg.weight, v[q], a.in_dtype);
+      mc_seg_axpy(acc, tg.weight,
+                  (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
+                  a.in_dtype);
     }
     bool any_staged = false;
     for (int p = first; p < first + G; p++) {
       unsigned char *peer = mc_t_peer_window(&a, p);
       any_staged |= peer == NULL;
-      if (!peer) continue;
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-        const int64_t g = g0 + lane + 32 * q;
-        if (32 * q + lane < seg_groups && g < row_groups) mc_store8(peer + dst_off, g, a.in_dtype, acc[q]);
-      }
+      if (peer) mc_seg_store(peer + dst_off, acc, seg, a.in_dtype);
     }
-    if (any_staged)
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-        const int64_t g = g0 + lane + 32 * q;
-        if (32 * q + lane < seg_groups && g < row_groups) mc_store8(stage, g, a.in_dtype, acc[q]);
-      }
+    if (any_staged) mc_seg_store(stage, acc, seg, a.in_dtype);
     /* count this segment done; the row's last segment sends the row */
     __syncwarp();
     uint32_t done = 0;
@@ -551,29 +552,11 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
     const int t = it / segs, sg = it % segs;
     const uint16_t *d = dests + (int64_t)t * K;
     const int nd = n_dests[t];
-    const int64_t g0 = (int64_t)sg * seg_groups;
+    const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
-#pragma unroll
-    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
-    for (int j = 0; j < nd; j++) {
-      const unsigned char *row = a.win + mc_comb_recv_off(s, d[j], t);
-      mc_raw8_t v[MC_SEG_GROUPS_PER_LANE];
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-        const int64_t g = g0 + lane + 32 * q;
-        if (32 * q + lane < seg_groups && g < row_groups) v[q] = mc_load8_raw(row, g, a.in_dtype);
-      }
-#pragma unroll
-      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], 1.0f, v[q], a.in_dtype);
-    }
-#pragma unroll
-    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) {
-      const int64_t g = g0 + lane + 32 * q;
-      if (32 * q + lane < seg_groups && g < row_groups)
-        mc_store8((unsigned char *)a.out + (uint64_t)t * out_row, g, a.out_dtype, acc[q]);
-    }
+    mc_seg_zero(acc);
+    for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, a.in_dtype);
+    mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, a.out_dtype);
   }
   for (int p = tid; p < W; p += blockDim.x)
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))

@@ -8,10 +8,10 @@
 
 #ifdef MC_REF_CUDA
 #include <cuda_runtime_api.h>
-static cudaEvent_t marks[MC_DEV_MARKS];
-static int marks_made;
+static _Thread_local cudaEvent_t marks[MC_DEV_MARKS]; /* per rank: ranks may be threads */
+static _Thread_local int marks_made;
 #endif
-static double host_marks[MC_DEV_MARKS];
+static _Thread_local double host_marks[MC_DEV_MARKS]; /* per rank: ranks may be threads */
 
 static double now_us(void) {
   struct timespec ts;
@@ -101,7 +101,7 @@ int mc_dev_sync(int gpu) {
   return 0;
 }
 
-static volatile double sink_;
+static _Thread_local volatile double sink_;
 void mc_dev_busy(int gpu, void *scratch, size_t n) {
 #ifdef MC_REF_CUDA
   if (gpu) { /* a few passes over a scratch buffer, queued on the stream */
