@@ -7,7 +7,9 @@ usage: plot_bench.py RESULTS_DIR OUT_DIR [LABEL]   (LABEL: the machine, e.g. "H2
   tokens per rank, beside the dense all-to-all baseline of the same run and the
   pplx-kernels figures DESIGN.md quotes for the same testbed (128 tokens).
 - buffers.png: receive-buffer bytes per rank against tokens per rank, from the
-  same runs, beside the target (64 MiB) and pplx-kernels' ~2.2 GB.
+  same runs, and (when RESULTS_DIR has sizes.json, from `mc-bench --sizes`)
+  against world size at 128 tokens, beside the target (64 MiB) and
+  pplx-kernels' ~2.2 GB.
 Only files named bench-dsv3-t*.json are read (the DeepSeek-V3 shape).
 """
 import glob
@@ -66,18 +68,27 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(sys.argv[2], "latency.png"), dpi=110)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes_path = os.path.join(sys.argv[1], "sizes.json")
+    sizes = json.load(open(sizes_path)) if os.path.exists(sizes_path) else None
+    fig, axes = plt.subplots(1, 2 if sizes else 1, figsize=(11 if sizes else 7, 4), squeeze=False)
+    ax = axes[0][0]
     buf = [j["buffer_bytes_per_rank"] / 2**20 for j in runs]
-    ax.plot(t, buf, "o-", label="moecomm receive buffers per rank")
-    ax.axhline(64, color="tab:green", ls="--", label="target: 64 MiB at 128 tokens")
-    ax.axhline(2.2 * 1024, color="tab:red", ls=":", label="pplx-kernels, about 2.2 GB at 128 tokens (DESIGN.md)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.plot(t, buf, "o-", label="moecomm, measured (mc_a2a_get_stats), EP%d" % runs[0]["config"]["world_size"])
     ax.set_xlabel("tokens per rank (max_tokens)")
-    ax.set_ylabel("MiB per rank")
-    ax.set_title("Buffer memory, DeepSeek-V3 layer: " + title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    if sizes:
+        ax2 = axes[0][1]
+        ax2.plot(sizes["world_size"], [b / 2**20 for b in sizes["buffer_bytes"]], "o-",
+                 label="moecomm, from mc_layout.h (mc-bench --sizes), %d tokens" % sizes["tokens"])
+        ax2.set_xlabel("world size (ranks)")
+    for a in [x for row in axes for x in row]:
+        a.axhline(64, color="tab:green", ls="--", label="target: 64 MiB at 128 tokens, EP8")
+        a.axhline(2.2 * 1024, color="tab:red", ls=":", label="pplx-kernels, about 2.2 GB at 128 tokens, EP8")
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_ylabel("receive buffers, MiB per rank")
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle("Buffer memory, DeepSeek-V3 layer (" + title + ")", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(sys.argv[2], "buffers.png"), dpi=110)
     print("wrote", os.path.join(sys.argv[2], "latency.png"), "and buffers.png")

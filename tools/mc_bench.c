@@ -46,6 +46,8 @@ static void usage(FILE *f) {
       "      --split           other work between each send and its recv\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
+      "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
+      "                        world sizes 1..256 (from the layout header; runs nothing)\n"
       "  -h, --help            this text\n"
       "\n"
       "Latencies: each phase timed on every rank after an out-of-band barrier,\n"
@@ -86,7 +88,8 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE };
+         O_NODENSE, O_SIZES };
+  int sizes_only = 0;
   int dense = 1;
   o.check_first = 5;
   static const struct option longs[] = {
@@ -95,7 +98,7 @@ int main(int argc, char **argv) {
       {"scale-bytes", 1, 0, O_SB}, {"in-dtype", 1, 0, O_IN},  {"out-dtype", 1, 0, O_OUT}, {"rounds", 1, 0, 'r'},
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
-      {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {0, 0, 0, 0}};
+      {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
     switch (ch) {
@@ -128,6 +131,7 @@ int main(int argc, char **argv) {
       break;
     case O_CHECKFIRST: o.check_first = atoi(optarg); break;
     case O_NODENSE: dense = 0; break;
+    case O_SIZES: sizes_only = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -140,6 +144,25 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if (sizes_only) { /* what the one layout header says a rank allocates */
+    printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
+           "\"group_size\": %d, \"world_size\": [",
+           c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes, c.group_size);
+    int first = 1;
+    for (int w = 1; w <= 256; w *= 2)
+      if (c.num_experts % w == 0 && w % c.group_size == 0) printf("%s%d", first ? "" : ", ", w), first = 0;
+    printf("], \"buffer_bytes\": [");
+    first = 1;
+    for (int w = 1; w <= 256; w *= 2) {
+      if (c.num_experts % w || w % c.group_size) continue;
+      mc_shape_t sh = {w, c.group_size, c.num_experts, c.topk, c.max_tokens, c.hidden, c.token_bytes, c.scale_bytes,
+                       mc_dtype_size(c.in_dtype)};
+      printf("%s%llu", first ? "" : ", ", (unsigned long long)(mc_window_bytes(&sh) + mc_workspace_bytes(&sh)));
+      first = 0;
+    }
+    printf("]}\n");
+    return 0;
+  }
   const int gpu = o.transport == MC_TRANSPORT_NVSHMEM;
   if (gpu) {
     o.processes = 1; /* one process per rank: NVSHMEM's PEs */
