@@ -185,6 +185,8 @@ MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *c
  * NULL is accepted. Local only: it does not wait for peers. */
 MC_API mc_result_t mc_comm_destroy(mc_comm_t *comm);
 
+/* What the communicator was built with (-1, or MC_TRANSPORT_AUTO, for NULL);
+ * mc_comm_transport() is the transport actually chosen. */
 MC_API int mc_comm_rank(const mc_comm_t *comm);
 MC_API int mc_comm_world_size(const mc_comm_t *comm);
 MC_API int mc_comm_group_size(const mc_comm_t *comm);
@@ -230,7 +232,10 @@ MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
 
 /* Slots per local expert that the caller must provide in expert_x,
  * expert_scale and expert_y: num_groups * max_tokens (a local expert can
- * receive every token of every group). */
+ * receive every token of every group). mc_a2a_num_local_experts:
+ * num_experts / world_size, the first dimension of those buffers; rank r
+ * holds experts r * num_local_experts ... (r + 1) * num_local_experts - 1.
+ * Both -1 for NULL. */
 MC_API int mc_a2a_expert_capacity(const mc_a2a_t *a2a);
 MC_API int mc_a2a_num_local_experts(const mc_a2a_t *a2a);
 
