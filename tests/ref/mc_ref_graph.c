@@ -1,0 +1,74 @@
+/* mc_ref_graph.c - the CUDA-graph mode of the harness. */
+#include <string.h>
+
+#include "mc_dtype.h"
+#include "mc_ref_dev.h"
+#include "mc_ref_rank.h"
+
+/* One layer captured as a CUDA graph: dispatch, the identity experts as a
+ * device copy of expert_x into expert_y, combine. Inputs change between
+ * replays in place (same buffers), bound_m too: what a captured engine does. */
+typedef struct graph_ctx {
+  mc_a2a_t *a2a;
+  const mc_case_t *c;
+  dbufs_t *d;
+  int m;
+  mc_result_t rc;
+} graph_ctx_t;
+
+static int graph_body(void *stream, void *arg) {
+  graph_ctx_t *g = arg;
+  dbufs_t *d = g->d;
+  size_t ybytes =
+      (size_t)mc_ref_local_experts(g->c) * mc_ref_capacity(g->c) * g->c->hidden * mc_dtype_size(g->c->in_dtype);
+  g->rc = mc_dispatch(g->a2a, d->tokens, d->scales, d->indices, g->c->no_weights ? NULL : d->weights, g->m, d->bound,
+                      d->x, d->xs, d->count, MC_SEND_RECV, stream);
+  if (g->rc != MC_SUCCESS) return 1;
+  if (mc_dev_copy_async(d->y, d->x, ybytes, stream)) return 1;
+  g->rc = mc_combine(g->a2a, d->y, d->out, MC_SEND_RECV, stream);
+  return g->rc != MC_SUCCESS;
+}
+
+void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, bufs_t *b, dbufs_t *d,
+                            mc_run_rank_t *me) {
+  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), groups = mc_ref_num_groups(c);
+  const size_t xbytes = (size_t)L * cap * c->token_bytes, sbytes = (size_t)L * cap * c->scale_bytes;
+  const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
+  graph_ctx_t g = {a2a, c, d, c->max_tokens, MC_SUCCESS};
+  void *exec = NULL, *stream = NULL;
+  if (mc_dev_graph_capture(graph_body, &g, &exec, &stream) != 0) {
+    mc_rr_fail(me, g.rc, "rank %d: capturing the layer failed: %s", rank, mc_a2a_last_error(a2a));
+    return;
+  }
+  for (int i = 0; i < o->rounds && !me->failed; i++) {
+    uint64_t round = (uint64_t)i + 1;
+    for (int gi = 0; gi < groups; gi++) {
+      mc_ref_input_free(&b->ins[gi]);
+      mc_ref_input(c, round, gi, &b->ins[gi]);
+    }
+    mc_input_t *in = &b->ins[rank / c->group_size];
+    call_in_t ci;
+    mc_rr_upload_inputs(c, in, d, &ci);
+    mc_dev_put(1, d->bound, &in->bound_m, 4); /* captured with a bound pointer: always valid */
+    mc_dev_fill(1, d->x, POISON_X, xbytes);
+    if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
+    mc_dev_fill(1, d->out, POISON_OUT, obytes);
+    mc_dev_sync(1);
+    if (mc_dev_graph_launch(exec, stream) != 0) {
+      mc_rr_fail(me, 0, "round %llu rank %d: graph replay failed", (unsigned long long)round, rank);
+      break;
+    }
+    mc_result_t crc = mc_a2a_check(a2a);
+    if (crc != MC_SUCCESS) {
+      mc_rr_fail(me, crc, "round %llu rank %d: %s", (unsigned long long)round, rank, mc_a2a_last_error(a2a));
+      break;
+    }
+    mc_dev_get(1, b->count, d->count, (size_t)L * 4);
+    mc_dev_get(1, b->x, d->x, xbytes);
+    if (d->xs) mc_dev_get(1, b->xs, d->xs, sbytes);
+    mc_dev_get(1, b->out, d->out, obytes);
+    mc_rr_check_dispatch(c, b, rank, round, me);
+    mc_rr_check_combine(c, b, rank, round, me);
+  }
+  mc_dev_graph_free(exec, stream);
+}

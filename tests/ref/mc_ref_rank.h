@@ -1,0 +1,61 @@
+/* mc_ref_rank.h - what the parts of the multi-rank harness share (private to
+ * tests/ref): a rank's host buffers, its device mirrors, the checks against
+ * the reference model, the bad-call injection, the CUDA-graph mode. */
+#ifndef MC_REF_RANK_H
+#define MC_REF_RANK_H
+
+#include <stdint.h>
+
+#include "mc_ref_run.h"
+
+#define POISON_X 0xA5
+#define POISON_OUT 0xFF /* all-ones: a NaN in every dtype */
+
+typedef struct bufs {
+  uint8_t *x, *xs, *y, *out;
+  int32_t *count, *ref_count, *src_g, *src_t;
+  uint8_t *ref_out;
+  double *ideal, *absum;
+  mc_input_t *ins;
+} bufs_t;
+
+/* A rank's buffers as the library sees them: host memory for the cpu
+ * transport (then they are the check buffers themselves), device memory
+ * for a GPU transport. */
+typedef struct dbufs {
+  int gpu;
+  void *tokens, *scales, *indices, *weights, *bound, *x, *xs, *count, *y, *out, *scratch;
+} dbufs_t;
+
+/* Put this round's inputs where the library reads them; returns the
+ * pointers to pass (host inputs themselves on the cpu transport). */
+typedef struct call_in {
+  const void *tokens, *scales;
+  const int32_t *indices;
+  const float *weights;
+  const int32_t *bound;
+} call_in_t;
+
+/* Record the first failure of a rank (later ones are dropped). */
+void mc_rr_fail(mc_run_rank_t *me, int api_rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* mc_ref_bufs.c: a rank's memory */
+int mc_rr_alloc_bufs(const mc_case_t *c, bufs_t *b);
+void mc_rr_free_bufs(bufs_t *b, int groups);
+int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, bufs_t *b, dbufs_t *d);
+void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b);
+int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, call_in_t *ci);
+void mc_rr_run_experts(const mc_case_t *c, bufs_t *b, int rank);
+int mc_rr_experts_roundtrip(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank);
+
+/* mc_ref_check.c: outputs against the reference, bad calls that must be refused */
+void mc_rr_check_dispatch(const mc_case_t *c, const bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
+void mc_rr_check_combine(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
+int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *in, const call_in_t *ci, bufs_t *b,
+                           dbufs_t *d, int rank, uint64_t round, mc_run_rank_t *me);
+
+/* mc_ref_graph.c: a layer captured once as a CUDA graph, replayed every round */
+void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, bufs_t *b, dbufs_t *d,
+                            mc_run_rank_t *me);
+
+#endif
