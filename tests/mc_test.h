@@ -55,6 +55,9 @@ extern uint64_t mc_test_seed;
 #include "test_list.h"
 #undef MC_TEST
 
+/* A stalled rank makes the others time out (test_failures.c; the GPU tests use it too). */
+int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms);
+
 /* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
 static inline uint64_t mc_test_rand(uint64_t *state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);

@@ -8,7 +8,11 @@
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
-static int check_stall(int processes) {
+/* A rank that stops before dispatch of round 3 (a silent thread, or a process
+ * killed with SIGKILL): every other rank must return MC_ERR_TIMEOUT within
+ * the timeout, naming that rank and the round, and its handle must then
+ * refuse further work with MC_ERR_ABORTED. Shared with the GPU tests. */
+int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms) {
   mc_case_t c;
   mc_ref_random_case(mc_test_seed, &c);
   c.world_size = 4;
@@ -16,10 +20,12 @@ static int check_stall(int processes) {
   c.num_experts = 16;
   c.topk = 4;
   c.max_tokens = 8;
+  c.hidden = c.hidden > 256 ? 256 : c.hidden;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 4;
-  o.timeout_ms = 300;
+  o.timeout_ms = timeout_ms;
   o.processes = processes;
+  o.transport = transport;
   o.stall_rank = 2;
   o.stall_round = 2;
   mc_run_result_t res;
@@ -32,7 +38,6 @@ static int check_stall(int processes) {
     MC_CHECK_MSG(me->failed && me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(strstr(me->msg, "waiting for rank 2") != NULL, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(strstr(me->msg, "round 3") != NULL, "rank %d: %s", r, me->msg); /* the stalled round */
-    /* the handle is aborted: further calls refuse at once, destroy works */
     MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: next call gave %s", r,
                  mc_result_string((mc_result_t)me->rc_after_timeout));
   }
@@ -40,8 +45,8 @@ static int check_stall(int processes) {
   return 0;
 }
 
-int test_stall_thread(void) { return check_stall(0); }
-int test_stall_process(void) { return check_stall(1); }
+int test_stall_thread(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 0, 300); }
+int test_stall_process(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 1, 300); }
 
 int test_wire_bytes(void) {
   /* Tokens whose top-8 sit on one or two ranks: one record per (token, rank),

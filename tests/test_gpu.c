@@ -147,28 +147,7 @@ int test_gpu_bad_input(void) {
 
 int test_gpu_stall(void) {
   REQUIRE_GPU();
-  mc_case_t c;
-  small_case(&c, 4, 1, 5);
-  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-  o.rounds = 4;
-  o.timeout_ms = 500;
-  o.processes = 1;
-  o.transport = gpu_transport();
-  o.stall_rank = 2;
-  o.stall_round = 2;
-  mc_run_result_t res;
-  int failed = mc_run(&c, &o, &res);
-  MC_CHECK(failed >= 3);
-  for (int r = 0; r < 4; r++) {
-    if (r == 2) continue;
-    const mc_run_rank_t *me = &res.ranks[r];
-    printf("rank %d: %s\n", r, me->msg);
-    MC_CHECK_MSG(me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
-    MC_CHECK_MSG(strstr(me->msg, "waiting for rank 2") != NULL, "rank %d: %s", r, me->msg);
-    MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: after the timeout: %d", r, me->rc_after_timeout);
-  }
-  mc_run_free(&res);
-  return 0;
+  return mc_test_check_stall(gpu_transport(), 1, 500); /* a killed process; timeouts found on the device */
 }
 
 int test_gpu_graph(void) {
