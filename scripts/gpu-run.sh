@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -54,8 +54,13 @@ run_test() { # name ranks-hint
 }
 tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_many_rounds"
 [ "$mode" = quick ] && tests="gpu_ep_sizes gpu_stall" && TEST_TIMEOUT=120
+# tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
 
+if [ "$mode" = tests ]; then
+  printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
+  exit 0
+fi
 if [ "$mode" = full ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     s=$(date +%s)
