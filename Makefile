@@ -1,13 +1,14 @@
 # moecomm: `make run` builds and runs the benchmark (mc-bench), `make test`
-# builds and runs every test: the suite, then again under ASan+UBSan and
-# TSan, valgrind on a subset, and an install + link check. Build trees:
+# builds and runs every test: the suite, the Python package's tests, the
+# suite again under ASan+UBSan and TSan, valgrind on a subset, and an install
+# + link check. Build trees:
 # build/ (release with debug info), build-asan/, build-tsan/.
 BUILD ?= build
 JOBS ?= 2
 ARGS ?=
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-fast test-asan test-tsan test-valgrind test-install clean
+.PHONY: all build run test test-fast test-asan test-tsan test-valgrind test-install test-python clean
 
 all: build
 
@@ -18,7 +19,7 @@ build:
 run: build
 	./scripts/run.sh $(BUILD) $(ARGS)
 
-test: test-fast test-asan test-tsan test-valgrind test-install
+test: test-fast test-python test-asan test-tsan test-valgrind test-install
 	@echo "make test: every suite passed"
 
 test-fast: build
@@ -37,6 +38,9 @@ test-tsan:
 
 test-valgrind: build
 	./scripts/valgrind.sh $(BUILD)
+
+test-python: build
+	./scripts/test_python.sh
 
 test-install: build
 	./scripts/check_install.sh $(BUILD)

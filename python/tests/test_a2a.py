@@ -1,0 +1,82 @@
+"""Dispatch + combine on thread ranks against the numpy reference."""
+import numpy as np
+import pytest
+
+import moecomm
+from mc_ref import make_group_inputs
+from mc_run import check_rank, one_round, run_threads
+
+HIDDEN, MAX_TOKENS, K = 16, 6, 3
+
+CASES = [  # world_size, group_size, combine_in, combine_out, scale floats, bound_m, split
+    (1, 1, "fp32", "fp32", 0, False, False),
+    (2, 1, "bf16", "bf16", 2, False, False),
+    (2, 2, "bf16", "fp16", 0, True, False),
+    (4, 1, "fp16", "fp32", 4, True, False),
+    (4, 2, "fp32", "fp32", 2, False, True),
+    (4, 2, "fp32", "bf16", 0, True, True),
+    (4, 4, "fp32", "fp32", 0, False, False),
+]
+
+
+def _bufs(a2a, scale_floats):
+    exs = a2a.alloc_expert_x_scale() if scale_floats else None
+    return (a2a.alloc_expert_num_tokens(), a2a.alloc_expert_x(np.float32), exs,
+            a2a.alloc_expert_y(), a2a.alloc_out_tokens())
+
+
+@pytest.mark.parametrize("ws,gs,in_dt,out_dt,sf,bound,split", CASES)
+def test_rounds_match_reference(rng, ws, gs, in_dt, out_dt, sf, bound, split):
+    E, rounds = 2 * ws, 3
+    groups_per_round = [[make_group_inputs(rng, MAX_TOKENS, E, min(K, E), HIDDEN, sf, bound)
+                         for _ in range(ws // gs)] for _ in range(rounds)]
+
+    def rank_fn(rank, comm):
+        with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=E, experts_per_token=min(K, E),
+                              hidden=HIDDEN, token_bytes=HIDDEN * 4, scale_bytes=sf * 4,
+                              combine_in_dtype=in_dt, combine_out_dtype=out_dt) as a2a:
+            bufs = _bufs(a2a, sf)
+            got = [one_round(a2a, rank, groups[rank // gs], bufs, split) for groups in groups_per_round]
+            stats = a2a.get_stats()
+        return got, stats, a2a.num_local_experts
+
+    results = run_threads(ws, rank_fn, group_size=gs)
+    for rank, (got, stats, L) in enumerate(results):
+        assert stats["rounds"] == rounds
+        for groups, g in zip(groups_per_round, got):
+            check_rank(groups, rank, gs, L, g, in_dt, out_dt)
+
+
+def test_python_allgather_callback(rng):
+    """A Communicator over a pure-Python allgather (the ctypes callback path)."""
+    import threading
+    ws, box, barrier = 2, {}, threading.Barrier(2, timeout=10)
+
+    def make_allgather(rank):
+        def allgather(data):
+            box[rank] = data
+            barrier.wait()
+            out = b"".join(box[r] for r in range(ws))
+            barrier.wait()
+            return out
+        return allgather
+
+    groups = [make_group_inputs(rng, MAX_TOKENS, 4, 2, HIDDEN, 0, False) for _ in range(ws)]
+    results, errors = [None] * ws, []
+
+    def body(rank):
+        try:
+            comm = moecomm.Communicator(make_allgather(rank), rank, ws, timeout_ms=5000)
+            with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=4, experts_per_token=2, hidden=HIDDEN,
+                                  token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32") as a2a:
+                results[rank] = one_round(a2a, rank, groups[rank], _bufs(a2a, 0)), a2a.num_local_experts
+            comm.destroy()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(ws)]
+    [t.start() for t in ts]
+    [t.join(30) for t in ts]
+    assert not errors, errors
+    for rank, (got, L) in enumerate(results):
+        check_rank(groups, rank, 1, L, got, "fp32", "fp32")

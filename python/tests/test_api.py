@@ -1,0 +1,120 @@
+"""Versions, strings, struct layouts against C, create/destroy rules."""
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import moecomm
+from moecomm import capi
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_and_strings():
+    assert moecomm.version() == (capi.VERSION_MAJOR, capi.VERSION_MINOR, capi.VERSION_PATCH)
+    assert moecomm.result_string(capi.ERR_TIMEOUT).startswith("MC_ERR_TIMEOUT")
+    assert moecomm.result_string(capi.SUCCESS)
+    assert [moecomm.dtype_size(d) for d in ("fp32", "bf16", "fp16")] == [4, 2, 2]
+    assert capi.text(capi.lib.mc_transport_name(capi.TRANSPORT_CPU)) == "cpu"
+
+
+C_LAYOUT = r"""
+#include <stdio.h>
+#include <stddef.h>
+#include "moecomm.h"
+#define F(T, f) printf(#T "." #f " %zu\n", offsetof(T, f));
+int main(void) {
+  printf("mc_comm_config_t %zu\nmc_a2a_config_t %zu\nmc_a2a_stats_t %zu\nmc_oob_t %zu\n",
+         sizeof(mc_comm_config_t), sizeof(mc_a2a_config_t), sizeof(mc_a2a_stats_t), sizeof(mc_oob_t));
+  F(mc_a2a_config_t, token_bytes) F(mc_a2a_config_t, hidden) F(mc_a2a_config_t, combine_out_dtype)
+  F(mc_comm_config_t, device) F(mc_a2a_stats_t, buffer_bytes) F(mc_oob_t, world_size)
+  return 0;
+}
+"""
+
+
+def test_struct_layout_matches_c(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    (tmp_path / "l.c").write_text(C_LAYOUT)
+    subprocess.run([cc, "-I", str(ROOT / "include"), "-o", str(tmp_path / "l"), str(tmp_path / "l.c")], check=True)
+    got = dict(line.split() for line in subprocess.run([str(tmp_path / "l")], capture_output=True,
+                                                       text=True, check=True).stdout.splitlines())
+    py = {"mc_comm_config_t": capi.CommConfig, "mc_a2a_config_t": capi.A2AConfig,
+          "mc_a2a_stats_t": capi.A2AStats, "mc_oob_t": capi.Oob}
+    for name, cls in py.items():
+        assert int(got[name]) == ctypes.sizeof(cls), name
+        for key, off in got.items():
+            if key.startswith(name + "."):
+                assert int(off) == getattr(cls, key.split(".")[1]).offset, key
+
+
+def _comm1():
+    group = moecomm.ThreadsGroup(1, 2000)
+    return moecomm.Communicator.from_threads(group, 0, timeout_ms=2000)
+
+
+def test_a2a_config_size_is_checked_by_c():
+    comm = _comm1()
+    cfg = capi.a2a_config()
+    cfg.max_tokens, cfg.num_experts, cfg.experts_per_token, cfg.token_bytes, cfg.hidden = 4, 4, 2, 32, 16
+    a2a = moecomm.AllToAll.__new__(moecomm.AllToAll)
+    a2a.comm = comm
+    a2a._create(cfg)  # the initializer's size: accepted
+    a2a.destroy()
+    cfg.size = ctypes.sizeof(capi.A2AConfig) - 8
+    with pytest.raises(moecomm.MoecommInvalid, match="MC_A2A_CONFIG_INITIALIZER"):
+        a2a._create(cfg)
+    comm.destroy()
+
+
+def test_comm_config_size_is_checked_by_c():
+    group = moecomm.ThreadsGroup(1, 2000)
+    cfg = capi.comm_config()
+    cfg.size -= 4
+    h = ctypes.c_void_p()
+    rc = capi.lib.mc_comm_create(ctypes.byref(group.oob(0)), ctypes.byref(cfg), ctypes.byref(h))
+    assert rc == capi.ERR_INVALID_ARG and "MC_COMM_CONFIG_INITIALIZER" in moecomm.last_error()
+
+
+def test_comm_accessors_and_destroy_order():
+    comm = _comm1()
+    assert (comm.rank, comm.world_size, comm.group_size, comm.transport) == (0, 1, 1, "cpu")
+    a2a = moecomm.AllToAll(comm, max_tokens=4, num_experts=4, experts_per_token=2, hidden=16)
+    assert (a2a.num_local_experts, a2a.expert_capacity) == (4, 4)
+    assert a2a.get_stats()["buffer_bytes"] > 0
+    a2a.check()
+    with pytest.raises(moecomm.MoecommInvalid) as ei:
+        comm.destroy()  # a live a2a
+    assert ei.value.code == capi.ERR_INVALID_USAGE and ei.value.message
+    a2a.destroy()
+    comm.destroy()
+
+
+def test_bad_a2a_config_names_the_field():
+    comm = _comm1()
+    with pytest.raises(moecomm.MoecommInvalid, match="num_experts"):
+        moecomm.AllToAll(comm, max_tokens=4, num_experts=0, experts_per_token=2, hidden=16)
+    with pytest.raises(moecomm.MoecommInvalid, match="combine_in_dtype"):
+        moecomm.AllToAll(comm, max_tokens=4, num_experts=4, experts_per_token=2, hidden=16, combine_in_dtype="int8")
+    comm.destroy()
+
+
+def test_failing_python_allgather_is_reported_not_propagated():
+    def allgather(data):
+        raise RuntimeError("boom")
+
+    with pytest.raises(moecomm.MoecommError, match="boom") as ei:
+        moecomm.Communicator(allgather, 0, 1)
+    assert ei.value.code == capi.ERR_BOOTSTRAP
+
+
+def test_missing_library_error_names_places(monkeypatch):
+    from moecomm import _lib
+    monkeypatch.setenv("MOECOMM_LIB", "/nonexistent/libmoecomm.so")
+    monkeypatch.setattr(_lib, "_LIB", None)
+    with pytest.raises(OSError, match="MOECOMM_LIB"):
+        _lib.load()
