@@ -19,6 +19,7 @@ MC_TEST(bound_m)
 MC_TEST(split_halves)
 MC_TEST(many_rounds)
 MC_TEST(many_handles)
+MC_TEST(overlapped_batches)
 MC_TEST(processes)
 MC_TEST(bad_calls_change_nothing)
 /* failures, wire and memory */

@@ -206,6 +206,7 @@ void mc_ref_random_case(uint64_t seed, mc_case_t *c) {
   int lo = (8 + c->world_size - 1) / c->world_size, hi = 256 / c->world_size;
   c->num_experts = c->world_size * rnd_range(&st, lo, hi);
   c->topk = rnd_range(&st, 1, c->num_experts < 8 ? c->num_experts : 8);
+  if (c->num_experts >= 16 && mc_ref_rand(&st) % 4 == 0) c->topk = rnd_range(&st, 9, MC_MAX_TOPK); /* up to the API's limit */
   c->max_tokens = rnd_range(&st, 1, 48);
   c->token_bytes = 16 * (size_t)rnd_range(&st, 1, mc_ref_rand(&st) % 4 ? 64 : 448); /* up to 7168 */
   c->scale_bytes = mc_ref_rand(&st) % 3 ? 4 * (c->token_bytes / 128 + 1) : 0;
