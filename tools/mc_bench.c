@@ -10,6 +10,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "mc_bench_nccl.h"
 #include "mc_layout.h"
 #include "mc_ref_run.h"
 
@@ -42,7 +43,9 @@ static void usage(FILE *f) {
       "      --transport T     cpu, nvshmem or auto                       [cpu]\n"
       "      --processes       ranks as processes (socket bootstrap), not threads\n"
       "      --check-first N   GPU: check the first N rounds and the last [5]\n"
-      "      --no-dense        GPU: skip the dense all-to-all baseline\n"
+      "      --no-dense        GPU: skip the dense all-to-all baselines\n"
+      "      --nccl            GPU: also time NCCL's grouped send/recv all-to-all of the same\n"
+      "                        padded payload (needs one GPU per rank)\n"
       "      --split           other work between each send and its recv\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
@@ -88,7 +91,8 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES };
+         O_NODENSE, O_SIZES, O_NCCL };
+  int nccl = 0;
   int sizes_only = 0;
   int dense = 1;
   o.check_first = 5;
@@ -98,7 +102,8 @@ int main(int argc, char **argv) {
       {"scale-bytes", 1, 0, O_SB}, {"in-dtype", 1, 0, O_IN},  {"out-dtype", 1, 0, O_OUT}, {"rounds", 1, 0, 'r'},
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
-      {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {0, 0, 0, 0}};
+      {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
+      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
     switch (ch) {
@@ -132,6 +137,10 @@ int main(int argc, char **argv) {
     case O_CHECKFIRST: o.check_first = atoi(optarg); break;
     case O_NODENSE: dense = 0; break;
     case O_SIZES: sizes_only = 1; break;
+    case O_NCCL:
+      if (!mc_bench_have_nccl()) return fprintf(stderr, "--nccl: this mc-bench was built without NCCL\n"), 2;
+      nccl = 1;
+      break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -169,6 +178,7 @@ int main(int argc, char **argv) {
     /* the dense baseline: every rank sends every peer num_local_experts x
      * max_tokens padded records (token + scale bytes) */
     if (dense) o.dense_bytes = (size_t)(c.num_experts / c.world_size) * c.max_tokens * (c.token_bytes + c.scale_bytes);
+    if (dense && nccl) o.extra_baseline = mc_bench_nccl_alltoall;
   }
   mc_run_result_t res;
   int failed = mc_run(&c, &o, &res);
@@ -193,13 +203,17 @@ int main(int argc, char **argv) {
     stats_of(v, W * R, &med[ph], &p99[ph]);
   }
   free(v);
-  double dense_med = 0, dense_p99 = 0;
+  double dense_med = 0, dense_p99 = 0, nccl_med = 0, nccl_p99 = 0;
+  double *dv = malloc(sizeof(double) * (size_t)W * R);
   if (o.dense_bytes && res.dense_rc == MC_SUCCESS) {
-    double *dv = malloc(sizeof(double) * (size_t)W * R);
     for (int i = 0; i < W * R; i++) dv[i] = res.dense_us[i];
     stats_of(dv, W * R, &dense_med, &dense_p99);
-    free(dv);
   }
+  if (o.extra_baseline && res.extra_rc == 0) {
+    for (int i = 0; i < W * R; i++) dv[i] = res.extra_us[i];
+    stats_of(dv, W * R, &nccl_med, &nccl_p99);
+  }
+  free(dv);
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
    * the same m, so an average over the rounds is the per-round figure). */
@@ -244,6 +258,12 @@ int main(int argc, char **argv) {
     if (o.dense_bytes)
       printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
              o.dense_bytes * (size_t)W, dense_med, dense_p99, res.dense_rc);
+    if (o.extra_baseline)
+      printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
+             o.dense_bytes * (size_t)W, nccl_med, nccl_p99, res.extra_rc);
+    /* bytes this rank sent per round over the median time of the phase pair */
+    printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", disp / med[MC_PH_COUNT] / 1e3,
+           comb / med[MC_PH_COUNT + 1] / 1e3);
     printf(" \"buffer_bytes_per_rank\": %llu, \"max_rel_err_vs_ideal\": %.3g, \"failed_ranks\": %d, \"verdict\": \"%s\"",
            (unsigned long long)buffer, max_err, failed, verdict);
     if (failed) printf(", \"first_failure\": \"%s\"", mc_run_first_failure(&res));
@@ -268,6 +288,13 @@ int main(int argc, char **argv) {
                dense_med, dense_p99, (double)o.dense_bytes * W / 1e6, dense_med / (med[MC_PH_COUNT] + med[MC_PH_COUNT + 1]));
       else
         printf("\n  dense all-to-all baseline: failed (%s)\n", mc_result_string((mc_result_t)res.dense_rc));
+    }
+    if (o.extra_baseline) {
+      if (res.extra_rc == 0)
+        printf("  NCCL send/recv baseline        %12.1f %12.1f   (%.1fx dispatch+combine)\n", nccl_med, nccl_p99,
+               nccl_med / (med[MC_PH_COUNT] + med[MC_PH_COUNT + 1]));
+      else
+        printf("  NCCL send/recv baseline: failed (see stderr)\n");
     }
     printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)buffer,
            (double)buffer / 1048576.0);

@@ -212,6 +212,11 @@ static void rank_main(run_ctx_t *ctx) {
     mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
                                                    ctx->res->dense_us + (size_t)rank * ctx->res->rounds);
     if (rank == 0) ctx->res->dense_rc = drc;
+    if (o->extra_baseline) {
+      int xrc = o->extra_baseline(&ctx->oob, o->dense_bytes, o->warmup, o->rounds,
+                                  ctx->res->extra_us + (size_t)rank * ctx->res->rounds);
+      if (rank == 0) ctx->res->extra_rc = xrc;
+    }
   }
 done:
   if (me->api_rc == MC_ERR_TIMEOUT && a2a) me->rc_after_timeout = mc_combine(a2a, d.y, d.out, MC_SEND_RECV, NULL);
@@ -303,13 +308,14 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   res->rounds = o->rounds > 0 ? o->rounds : 1;
   size_t rank_bytes = sizeof(mc_run_rank_t) * (size_t)c->world_size;
   size_t sample_bytes = sizeof(double) * (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                        sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
+                        2 * sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
   /* Shared anonymous memory, so forked ranks can report back. */
   void *p = mmap(NULL, rank_bytes + sample_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return -1;
   res->ranks = p;
   res->samples_us = (double *)((char *)p + rank_bytes);
   res->dense_us = (float *)(res->samples_us + (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds);
+  res->extra_us = res->dense_us + (size_t)c->world_size * (size_t)res->rounds;
   int rc = o->processes ? run_processes(c, o, res) : run_threads(c, o, res);
   if (rc != 0) return -1;
   int failed = 0;
@@ -322,7 +328,7 @@ void mc_run_free(mc_run_result_t *res) {
   if (!res->ranks) return;
   size_t bytes = sizeof(mc_run_rank_t) * (size_t)res->world_size +
                  sizeof(double) * (size_t)res->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                 sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
+                 2 * sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
   munmap(res->ranks, bytes);
   res->ranks = NULL;
 }

@@ -26,9 +26,12 @@ typedef struct mc_run_opts {
                         (needs case.expert_identity and fixed_m) */
   size_t dense_bytes; /* > 0: after the rounds, time the transport's dense all-to-all of this many
                          bytes per peer, `rounds` samples (the baseline) */
+  /* optional second dense baseline with the same bytes (mc-bench: NCCL), run
+   * in every rank after the first; 0 on success */
+  int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, NULL}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
@@ -47,6 +50,8 @@ typedef struct mc_run_result {
   double *samples_us;     /* [world_size][MC_PH_COUNT][rounds] */
   float *dense_us;        /* [world_size][rounds] when opts.dense_bytes > 0 */
   int dense_rc;           /* mc_result_t of the dense baseline on rank 0 */
+  float *extra_us;        /* [world_size][rounds] when opts.extra_baseline is set */
+  int extra_rc;           /* what extra_baseline returned on rank 0 */
 } mc_run_result_t;
 
 /* Returns the number of ranks that failed (0: all good), or -1 if the run
