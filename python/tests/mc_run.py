@@ -54,7 +54,12 @@ def one_round(a2a, rank, inp, bufs, split=False):
     for s, r in halves:
         a2a.combine(out, ey, s, r)
     v = inp["valid"]
-    return np.array(cnt), np.array(ex), None if exs is None else np.array(exs), np.array(out[:v])
+    return _copy(cnt), _copy(ex), None if exs is None else _copy(exs), _copy(out[:v])
+
+
+def _copy(a):
+    """A numpy copy of a numpy array or a torch CPU tensor."""
+    return a.numpy().copy() if not isinstance(a, np.ndarray) and hasattr(a, "numpy") else np.array(a)
 
 
 def check_rank(groups, rank, group_size, L, got, in_dt, out_dt):
