@@ -6,6 +6,7 @@ MC_TEST(comm_rules)
 MC_TEST(a2a_config_rules)
 MC_TEST(experts_not_divisible)
 MC_TEST(create_destroy_loop)
+MC_TEST(dtype_conversions)
 /* the protocol against the reference model */
 MC_TEST(random_configs)
 MC_TEST(world_sizes)
