@@ -226,8 +226,11 @@ MC_API mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config,
  * last combine has returned on every rank (for example after a barrier of the
  * application) so no peer still writes into them. On nvshmem it is
  * collective (NVSHMEM frees symmetric memory collectively). After a timeout
- * the cpu transport keeps this rank's window mapped (leaked), since a slow
- * peer may still write into it. NULL is accepted. */
+ * nothing collective is attempted (a dead peer would make it wait forever):
+ * the cpu transport keeps this rank's window mapped, nvshmem keeps its
+ * symmetric window and then skips nvshmem_finalize in mc_comm_destroy;
+ * both are leaks on a failure path, reclaimed at process exit. NULL is
+ * accepted. */
 MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
 
 /* Slots per local expert that the caller must provide in expert_x,

@@ -76,7 +76,9 @@ extern "C" mc_result_t mc_nvshmem_comm_init(mc_comm_t *comm) {
 }
 
 extern "C" void mc_nvshmem_comm_fini(mc_comm_t *comm) {
-  if (comm->owns_nvshmem) nvshmem_finalize();
+  /* nvshmem_finalize is collective: after a peer failed it would wait for
+   * that peer forever, so then NVSHMEM is left to process exit */
+  if (comm->owns_nvshmem && !comm->peer_failed) nvshmem_finalize();
   comm->owns_nvshmem = 0;
 }
 
@@ -92,7 +94,11 @@ static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
   mc_gpu_t *g = gpu(a2a);
   if (!g) return;
   cudaDeviceSynchronize();
-  if (g->win) nvshmem_free(g->win); /* collective: every rank destroys its handle */
+  /* nvshmem_free is collective: every rank destroys its handle. After a
+   * timeout the peers are out of step (one may be dead) and it would never
+   * return: the window is then leaked, not freed, and the comm remembers. */
+  if (a2a->aborted) a2a->comm->peer_failed = 1;
+  else if (g->win) nvshmem_free(g->win);
   mc_gpu_free(g);
   a2a->impl = NULL;
 }
