@@ -140,6 +140,15 @@ MC_DEV uint32_t mc_lanemask_lt(void) {
   return m;
 }
 
+/* Dynamic shared memory of the two kernels that carve it, beside the carving:
+ * prep: emask[E], ecount[E], rmask[W], rcount[W]; recv: base[W][L], prefix[W+1]. */
+static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
+  return sizeof(uint32_t) * (2 * (size_t)s->num_experts + 2 * (size_t)s->world_size);
+}
+static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
+  return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
+}
+
 /* ---- dispatch-send, part 1: check, route, scan (one block) ----
  * Checks every valid token's top-k before anything is sent: a bad round
  * sets MC_WS_BAD and the send kernel then sends nothing. Computes every

@@ -129,46 +129,34 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
-/* Launch one half's kernels; a launch error is a CUDA failure of this call. */
-static mc_result_t launch(mc_a2a_t *a2a, int half, const mc_kargs_t *ka, cudaStream_t st) {
+/* Check what the device recorded, then launch one half's kernels on the
+ * caller's stream; a launch error is a CUDA failure of this call. */
+static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, d, c);
+  if (rc != MC_SUCCESS) return rc;
   mc_gpu_t *g = gpu(a2a);
-  const mc_shape_t *s = &a2a->shape;
-  size_t prep_smem = sizeof(uint32_t) * (2 * (size_t)s->num_experts + 2 * (size_t)s->world_size);
-  size_t recv_smem = sizeof(uint32_t) * ((size_t)s->num_experts + (size_t)s->world_size + 1);
+  cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
   switch (half) {
   case MC_PHASE_DSEND:
-    mc_k_dispatch_prep<<<1, MC_PREP_THREADS, prep_smem, st>>>(*ka);
-    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(*ka);
-    mc_k_dispatch_send<<<g->grid, MC_THREADS, 0, st>>>(*ka);
+    mc_k_dispatch_prep<<<1, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
+    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
+    mc_k_dispatch_send<<<g->grid, MC_THREADS, 0, st>>>(ka);
     break;
-  case MC_PHASE_DRECV: mc_k_dispatch_recv<<<g->grid, MC_THREADS, recv_smem, st>>>(*ka); break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, 0, st>>>(*ka); break;
-  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(*ka); break;
+  case MC_PHASE_DRECV:
+    mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
+    break;
+  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, 0, st>>>(ka); break;
+  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
   }
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
 }
 
-static mc_result_t dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, args, NULL);
-  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_DSEND, &ka, (cudaStream_t)args->stream);
-}
-static mc_result_t drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, args, NULL);
-  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_DRECV, &ka, (cudaStream_t)args->stream);
-}
-static mc_result_t csend(mc_a2a_t *a2a, const mc_combine_args_t *args) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, args);
-  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_CSEND, &ka, (cudaStream_t)args->stream);
-}
-static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, args);
-  return rc != MC_SUCCESS ? rc : launch(a2a, MC_PHASE_CRECV, &ka, (cudaStream_t)args->stream);
-}
+static mc_result_t dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_half(a2a, MC_PHASE_DSEND, d, NULL); }
+static mc_result_t drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_half(a2a, MC_PHASE_DRECV, d, NULL); }
+static mc_result_t csend(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CSEND, NULL, c); }
+static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CRECV, NULL, c); }
 
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
