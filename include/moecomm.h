@@ -335,6 +335,15 @@ MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
 MC_API mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int warmup, int iters,
                                                 float *times_us);
 
+/* Line the handle's ranks up before a timed sample. GPU transports enqueue
+ * on the stream a kernel that finishes once every rank's has started, so
+ * the work queued after it starts within microseconds on every rank (a
+ * host barrier between processes leaves tens of microseconds of launch
+ * skew); the cpu transport waits on a host barrier. Collective: every rank
+ * calls it equally often. Not needed by the protocol; a rank that never
+ * arrives makes it time out like a dispatch or combine wait. */
+MC_API mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

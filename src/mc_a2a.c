@@ -181,6 +181,16 @@ mc_result_t mc_a2a_check(mc_a2a_t *a2a) {
   return a2a->ops->check ? after(a2a, a2a->ops->check(a2a)) : MC_SUCCESS;
 }
 
+mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream) {
+  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_barrier: a2a is NULL");
+  if (a2a->aborted)
+    return mc_fail(a2a->err, MC_ERR_ABORTED, "mc_a2a_barrier: this handle failed earlier (see the previous error)");
+  if (a2a->ops->barrier) return after(a2a, a2a->ops->barrier(a2a, stream));
+  mc_result_t rc = mc_comm_barrier(a2a->comm);
+  if (rc != MC_SUCCESS) memcpy(a2a->err, a2a->comm->err, sizeof a2a->err); /* the comm's words, on the handle */
+  return after(a2a, rc);
+}
+
 mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const int32_t *indices,
                         const float *weights, int m, const int32_t *bound_m, void *expert_x,
                         void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {

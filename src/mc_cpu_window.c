@@ -217,4 +217,5 @@ const mc_transport_ops_t mc_cpu_ops = {
     mc_cpu_combine_recv,
     NULL,
     NULL,
+    NULL, /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
 };

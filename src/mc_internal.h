@@ -79,6 +79,7 @@ struct mc_transport_ops {
   mc_result_t (*combine_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args);
   void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
   mc_result_t (*check)(mc_a2a_t *a2a);  /* optional: failures recorded asynchronously */
+  mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */
 };
 
 extern const mc_transport_ops_t mc_cpu_ops;

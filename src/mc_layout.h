@@ -8,7 +8,7 @@
  * cpu, symmetric heap for nvshmem, IPC-mapped memory for p2p), and one
  * private "workspace" only it touches. Window, in this order:
  *
- *   signals      4 x world_size uint64 slots (see MC_SIG_*)
+ *   signals      MC_SIG_COUNT x world_size uint64 slots (see MC_SIG_*)
  *   disp_meta    [world_size][meta_bytes]   per source rank: n records + per-local-expert counts
  *   disp_recv    [world_size][src_cap][record_bytes]  records from each source rank
  *   comb_recv    [world_size][max_tokens][row_bytes]  one row per (expert rank, token of my group)
@@ -52,9 +52,10 @@
 enum {
   MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed */
   MC_SIG_DISP_RECS = 1, /* ADD 1 per record from peer; never reset (running total) */
-  MC_SIG_COMB_ROWS = 2, /* ADD 1 per combine row from peer; never reset */
+  MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
-  MC_SIG_COUNT = 4
+  MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (GPU transports) */
+  MC_SIG_COUNT = 5
 };
 
 /* How a put or signal updates the receiver's signal word. */
@@ -183,6 +184,7 @@ enum {
   MC_WS_BAD,        /* 1: this round's input was refused on the device */
   MC_WS_DONE_DRECV, /* blocks finished, for the last-block update of running totals */
   MC_WS_DONE_CRECV,
+  MC_WS_BARRIERS,   /* mc_a2a_barrier calls so far (the value the next one signals, minus 1) */
   MC_WS_NSCALARS = 8
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };

@@ -95,6 +95,29 @@ int test_gpu_deepseek_shape(void) {
   return 0;
 }
 
+/* More tokens than the prep kernel scans in one pass (8 warps x 32), and so
+ * many experts that its masks leave room for fewer warps: record positions
+ * must carry from pass to pass. Top-k 8 and 4 (inlined copies) and 6 (the
+ * generic one). (A missing barrier between passes once broke 512 tokens.) */
+int test_gpu_prep_passes(void) {
+  REQUIRE_GPU();
+  static const struct {
+    int world, group, experts, topk, tokens;
+  } cases[] = {{2, 1, 32, 8, 700}, {4, 2, 64, 6, 530}, {4, 1, 2048, 4, 300}};
+  for (int i = 0; i < 3; i++) {
+    mc_case_t c;
+    small_case(&c, cases[i].world, cases[i].group, 40 + i);
+    c.num_experts = cases[i].experts;
+    c.topk = cases[i].topk;
+    c.max_tokens = cases[i].tokens;
+    c.hidden = 64;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    MC_CHECK(run_gpu(&c, &o) == 0);
+  }
+  return 0;
+}
+
 int test_gpu_bound_m(void) {
   REQUIRE_GPU();
   mc_case_t c;
@@ -130,6 +153,7 @@ int test_gpu_many_rounds(void) {
   c.use_bound_m = 1;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 1000; /* fresh routing every round, every round checked */
+  o.barrier = 1;   /* and mc_a2a_barrier's kernel before each: 1000 of them */
   MC_CHECK(run_gpu(&c, &o) == 0);
   return 0;
 }

@@ -38,6 +38,7 @@ MC_TEST(oob_socket_bad_args)
 /* GPU transports (skip where no GPU; run under scripts/mc-launch.sh) */
 MC_TEST(gpu_ep_sizes)
 MC_TEST(gpu_deepseek_shape)
+MC_TEST(gpu_prep_passes)
 MC_TEST(gpu_bound_m)
 MC_TEST(gpu_split)
 MC_TEST(gpu_many_rounds)

@@ -1,10 +1,13 @@
 /* test_overlap.c - two micro-batches in flight at once, as an engine that
  * overlaps one batch's attention with the other's MoE does: two handles,
  * their halves interleaved (A send, B send, A recv, B recv, ...), each
- * checked against the reference model. Handles must not share anything. */
+ * checked against the reference model. Handles must not share anything.
+ * Also mc_a2a_barrier on the cpu transport: nobody leaves before the last arrives. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "mc_ref.h"
 #include "mc_test.h"
@@ -15,8 +18,15 @@ typedef struct ov_rank {
   mc_oob_threads_t *group;
   const mc_case_t *cases; /* [2]: the two micro-batches' shapes and seeds */
   int rank, failed;
+  double before_barrier, after_barrier; /* mc_a2a_barrier, checked by the main thread */
   char msg[256];
 } ov_rank_t;
+
+static double ov_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 typedef struct ov_batch {
   mc_a2a_t *a2a;
@@ -62,6 +72,11 @@ static void *ov_main(void *p) {
     b[k].count = malloc(L * 4), b[k].ref_count = malloc(L * 4);
     b[k].src_g = malloc(L * cap * 4), b[k].src_t = malloc(L * cap * 4);
   }
+  /* mc_a2a_barrier: ranks arrive 10 ms apart; nobody may leave before the last arrived */
+  usleep(10000u * (unsigned)r->rank);
+  r->before_barrier = ov_now();
+  if (mc_a2a_barrier(b[0].a2a, NULL) != MC_SUCCESS) ov_fail(r, mc_a2a_last_error(b[0].a2a));
+  r->after_barrier = ov_now();
   for (uint64_t round = 1; round <= OV_ROUNDS && !r->failed; round++) {
     for (int k = 0; k < 2; k++)
       for (int g = 0; g < OV_WORLD; g++) {
@@ -139,7 +154,7 @@ int test_overlapped_batches(void) {
   ov_rank_t ranks[OV_WORLD];
   pthread_t th[OV_WORLD];
   for (int r = 0; r < OV_WORLD; r++) {
-    ranks[r] = (ov_rank_t){group, cases, r, 0, {0}};
+    ranks[r] = (ov_rank_t){.group = group, .cases = cases, .rank = r};
     MC_CHECK(pthread_create(&th[r], NULL, ov_main, &ranks[r]) == 0);
   }
   for (int r = 0; r < OV_WORLD; r++)
@@ -147,5 +162,11 @@ int test_overlapped_batches(void) {
   mc_oob_threads_destroy(group);
   for (int r = 0; r < OV_WORLD; r++)
     MC_CHECK_MSG(!ranks[r].failed, "%s", ranks[r].msg);
+  for (int r = 0; r < OV_WORLD; r++)
+    for (int q = 0; q < OV_WORLD; q++)
+      MC_CHECK_MSG(ranks[r].after_barrier >= ranks[q].before_barrier,
+                   "rank %d left mc_a2a_barrier %.3f ms before rank %d arrived", r,
+                   1e3 * (ranks[q].before_barrier - ranks[r].after_barrier), q);
+  MC_CHECK(mc_a2a_barrier(NULL, NULL) == MC_ERR_INVALID_ARG);
   return 0;
 }

@@ -29,11 +29,68 @@ MC_DEV void mc_st_release_sys_u64(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+/* The same at GPU scope: enough when every rank runs on this GPU (ranks
+ * under MPS, or threads), and cheaper: a system-scope release must also
+ * order this SM's stores for other GPUs and the host. */
+MC_DEV uint64_t mc_ld_acquire_gpu_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MC_DEV void mc_red_release_gpu_add_u64(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MC_DEV void mc_st_release_gpu_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* Signals between ranks at the narrowest scope that covers them all:
+ * a->gpu_scope is set by the host when every rank shares this GPU and no
+ * peer is reached through NVSHMEM puts (mc_gpu_host.c). */
+MC_DEV void mc_sig_add(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
+  if (a->gpu_scope) mc_red_release_gpu_add_u64(p, v);
+  else mc_red_release_sys_add_u64(p, v);
+}
+MC_DEV void mc_sig_set(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
+  if (a->gpu_scope) mc_st_release_gpu_u64(p, v);
+  else mc_st_release_sys_u64(p, v);
+}
+MC_DEV uint64_t mc_sig_load(const mc_kargs_t *a, const uint64_t *p) {
+  return a->gpu_scope ? mc_ld_acquire_gpu_u64(p) : mc_ld_acquire_sys_u64(p);
+}
+/* a fence (fence.sc) at the same scope: other warps' stores, seen through a
+ * counter, ordered before a signal this thread sends */
+MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
+  if (a->gpu_scope) __threadfence();
+  else __threadfence_system();
+}
+
 /* %globaltimer: nanoseconds, coarse but monotone: enough for timeouts. */
 MC_DEV uint64_t mc_globaltimer_ns(void) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+/* The diagnostic trace (MC_GPU_TRACE=file, see mc_gpu_host.c): per kernel,
+ * slot 0 the first block's start and 1 the last block's (how long blocks
+ * waited for SMs), 2..6 checkpoints (the last block to pass each), 7 the
+ * last warp's end. globaltimer is one clock for every process on a GPU, so
+ * ranks sharing a GPU line up. Off (a->trace NULL) it costs one branch. */
+MC_DEV void mc_trace_start(const mc_kargs_t *a, int k) {
+  if (a->trace && threadIdx.x == 0) {
+    unsigned long long t = mc_globaltimer_ns();
+    atomicMin((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS], t);
+    atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 1], t);
+  }
+}
+MC_DEV void mc_trace_point(const mc_kargs_t *a, int k, int c) {
+  if (a->trace && threadIdx.x == 0)
+    atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 2 + c], (unsigned long long)mc_globaltimer_ns());
+}
+MC_DEV void mc_trace_end(const mc_kargs_t *a, int k) {
+  if (a->trace && (threadIdx.x & 31) == 0)
+    atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 7], (unsigned long long)mc_globaltimer_ns());
 }
 
 /* Record the first failure of this round and make every later wait bail.
@@ -63,12 +120,12 @@ MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int3
  * arrived, 1 when this or another thread failed (the caller exits). */
 MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
                           int slot, uint64_t round) {
-  uint64_t v = mc_ld_acquire_sys_u64(sig);
+  uint64_t v = mc_sig_load(a, sig);
   if (v >= target) return 0;
   uint64_t deadline = mc_globaltimer_ns() + a->timeout_ns;
   unsigned nap = 32;
   for (uint32_t it = 1;; it++) {
-    v = mc_ld_acquire_sys_u64(sig);
+    v = mc_sig_load(a, sig);
     if (v >= target) return 0;
     /* back off: hundreds of pollers in tight loops (other ranks' receive
      * kernels on the same GPU) load the memory system the senders need */

@@ -14,7 +14,7 @@ extern "C" {
 
 /* Where a kernel failed. Lives in host-mapped pinned memory: the device
  * writes it and exits, the host reads it at the next call without a sync. */
-enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV };
+enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER };
 enum { MC_DEVERR_NONE = 0, MC_DEVERR_TIMEOUT = 1, MC_DEVERR_BAD_EXPERT = 2, MC_DEVERR_DUP_EXPERT = 3,
        MC_DEVERR_BAD_BOUND = 4 };
 
@@ -49,7 +49,13 @@ typedef struct mc_kargs {
   uint64_t timeout_ns;
   void *peers; /* transport-specific: p2p's table of peer window addresses */
   int direct;  /* 1: store into directly reachable peers; 0: always stage and put (MC_GPU_STAGED=1) */
+  int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
+  uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
 } mc_kargs_t;
+
+/* The diagnostic trace: MC_TRACE_SLOTS stamps per kernel, see mc_trace_*. */
+enum { MC_TK_PREP = 0, MC_TK_PACK, MC_TK_DSEND, MC_TK_DRECV, MC_TK_CSEND, MC_TK_CRECV, MC_TK_N };
+#define MC_TRACE_SLOTS 8
 
 #ifdef __cplusplus
 }

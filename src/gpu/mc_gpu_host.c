@@ -4,6 +4,7 @@
 #include "mc_gpu_host.h"
 
 #include <cuda_runtime_api.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,8 +31,47 @@ static int grid_size(int device) {
   return g < 1 ? 1 : g;
 }
 
+/* The trace's resting state: first-start slots at the maximum (atomicMin),
+ * the rest at zero (atomicMax). */
+static cudaError_t trace_reset(mc_gpu_t *g) {
+  uint64_t init[MC_TK_N * MC_TRACE_SLOTS] = {0};
+  for (int k = 0; k < MC_TK_N; k++) init[k * MC_TRACE_SLOTS] = UINT64_MAX;
+  return cudaMemcpy(g->trace, init, sizeof init, cudaMemcpyHostToDevice);
+}
+
+/* MC_GPU_TRACE=prefix: stamps go to prefix.<rank>, one line per check:
+ * the round count, then MC_TK_N x MC_TRACE_SLOTS nanosecond stamps. */
+static mc_result_t trace_open(mc_a2a_t *a2a, mc_gpu_t *g) {
+  const char *prefix = getenv("MC_GPU_TRACE");
+  if (!prefix || !*prefix) return MC_SUCCESS;
+  char path[4096];
+  snprintf(path, sizeof path, "%s.%d", prefix, a2a->comm->rank);
+  g->trace_file = fopen(path, "w");
+  if (!g->trace_file) return mc_fail(a2a->err, MC_ERR_SYSTEM, "MC_GPU_TRACE: cannot write %s", path);
+  cudaError_t e = cudaMalloc((void **)&g->trace, sizeof(uint64_t) * MC_TK_N * MC_TRACE_SLOTS);
+  if (e == cudaSuccess) e = trace_reset(g);
+  if (e != cudaSuccess) return mc_fail(a2a->err, MC_ERR_CUDA, "MC_GPU_TRACE: %s", cudaGetErrorString(e));
+  return MC_SUCCESS;
+}
+
+static void trace_dump(mc_gpu_t *g) {
+  uint64_t t[MC_TK_N * MC_TRACE_SLOTS];
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(t, g->trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  FILE *f = g->trace_file;
+  fprintf(f, "%llu", (unsigned long long)++g->trace_rounds);
+  for (int i = 0; i < MC_TK_N * MC_TRACE_SLOTS; i++)
+    fprintf(f, " %llu", (unsigned long long)(t[i] == UINT64_MAX ? 0 : t[i]));
+  fputc('\n', f);
+  fflush(f);
+  trace_reset(g);
+}
+
 void mc_gpu_free(mc_gpu_t *g) {
   if (!g) return;
+  if (g->trace) cudaFree(g->trace);
+  if (g->trace_file) fclose(g->trace_file);
   if (g->ws) cudaFree(g->ws);
   if (g->err_h) cudaFreeHost(g->err_h);
   free(g->peers);
@@ -62,16 +102,36 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   if (e != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: allocating the GPU workspace (%llu bytes): %s", a2a->comm->rank,
                    (unsigned long long)mc_workspace_bytes(s), cudaGetErrorString(e));
-  return MC_SUCCESS;
+  return trace_open(a2a, g);
+}
+
+mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  mc_comm_t *comm = a2a->comm;
+  int dev = 0;
+  struct cudaDeviceProp p;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+    return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: cannot read the device's properties", comm->rank);
+  unsigned char *all = malloc(sizeof p.uuid.bytes * (size_t)comm->world_size);
+  if (!all) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  mc_result_t rc = mc_comm_allgather(comm, p.uuid.bytes, all, sizeof p.uuid.bytes);
+  int same = rc == MC_SUCCESS;
+  for (int r = 0; same && r < comm->world_size; r++)
+    same = memcmp(all + r * sizeof p.uuid.bytes, p.uuid.bytes, sizeof p.uuid.bytes) == 0;
+  free(all);
+  const char *env = getenv("MC_GPU_SCOPE");
+  g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
+  return rc;
 }
 
 static const char *phase_name(int p) {
-  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
-  return p >= 0 && p < 4 ? n[p] : "?";
+  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier"};
+  return p >= 0 && p < 5 ? n[p] : "?";
 }
 static const char *slot_name(int s) {
-  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows", "combine entry (round barrier)"};
-  return s >= 0 && s < 4 ? n[s] : "?";
+  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows", "combine entry (round barrier)",
+                            "barrier"};
+  return s >= 0 && s < 5 ? n[s] : "?";
 }
 
 static mc_result_t device_error(mc_a2a_t *a2a) {
@@ -109,7 +169,11 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   return rc;
 }
 
-mc_result_t mc_gpu_check(mc_a2a_t *a2a) { return device_error(a2a); }
+mc_result_t mc_gpu_check(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  if (g->trace) trace_dump(g);
+  return device_error(a2a);
+}
 
 mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
   mc_result_t rc = device_error(a2a);
@@ -126,6 +190,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->timeout_ns = (uint64_t)a2a->comm->timeout_ms * 1000000ull;
   ka->peers = g->peers;
   ka->direct = g->direct;
+  ka->gpu_scope = g->gpu_scope;
+  ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;
     ka->scales = d->scales;

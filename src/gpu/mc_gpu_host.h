@@ -15,7 +15,11 @@ typedef struct mc_gpu {
   int grid;                /* blocks of the big kernels */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
+  int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
   void *peers;             /* transport-specific */
+  uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
+  void *trace_file;        /* FILE *: one line per mc_a2a_check */
+  uint64_t trace_rounds;
 } mc_gpu_t;
 
 /* Allocate workspace and error slot, size the grid. a2a->impl is set. */
@@ -25,8 +29,15 @@ void mc_gpu_free(mc_gpu_t *g);
  * refused-input record: the handle stays usable). Then fill a kernel
  * argument block from the call's arguments (either may be NULL). */
 mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c);
-/* Report (and for refused input, clear) what the device recorded. */
+/* Report (and for refused input, clear) what the device recorded. With
+ * MC_GPU_TRACE set, also synchronise the device and append the kernels'
+ * stamps to the trace file (a diagnostic: the benchmark checks after every
+ * round; scripts/trace_summary.py reads the files). */
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
+/* Collective: set g->gpu_scope when every rank of the communicator runs on
+ * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
+ * MC_GPU_SCOPE=sys asks for system scope anyway. */
+mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);
 /* 1 if this process sees at least one CUDA device. */

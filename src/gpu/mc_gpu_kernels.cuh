@@ -46,9 +46,25 @@
 #include "../mc_route.h"
 #include "mc_dev.cuh"
 
+#include <cuda_fp16.h>
+
+/* fp16 through the hardware's cvt instructions: the bit-arithmetic versions
+ * of mc_dtype.h held 70 more registers per thread in combine-send. Round to
+ * nearest even like them; NaN (the one case where cvt's canonical NaN could
+ * differ) takes mc_dtype.h's path, so the bits match the cpu's everywhere. */
+MC_DEV uint16_t mc_dev_f32_to_f16(float f) {
+  const uint16_t h = __half_as_ushort(__float2half_rn(f));
+  const uint16_t nan = (uint16_t)(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+  return f != f ? nan : h; /* a select, not a branch: no call inlined 32 times */
+}
+MC_DEV float mc_dev_f16_to_f32(uint16_t h) {
+  const float v = __half2float(__ushort_as_half(h));
+  const uint32_t nan = ((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u | ((uint32_t)(h & 0x3ffu) << 13);
+  return ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) ? __uint_as_float(nan) : v;
+}
+
 #define MC_THREADS 512
-#define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: room for registers */
-#define MC_PREP_THREADS 1024
+#define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: 2 blocks of 256 per SM at <= 128 registers */
 #define MC_GPU_MAX_EXPERTS 4096 /* shared-memory scan state of the prep kernel */
 #define MC_GPU_MAX_RANKS 1024
 
@@ -62,7 +78,7 @@ MC_DEV void mc_store8(void *row, int64_t i8, int dt, const float v[8]) {
     int4 q;
     uint16_t *h = (uint16_t *)&q;
 #pragma unroll
-    for (int j = 0; j < 8; j++) h[j] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v[j]) : mc_f32_to_f16(v[j]);
+    for (int j = 0; j < 8; j++) h[j] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v[j]) : mc_dev_f32_to_f16(v[j]);
     ((int4 *)row)[i8] = q;
   }
 }
@@ -93,7 +109,7 @@ MC_DEV float mc_raw8_elem(const mc_raw8_t &r, int e, int dt) {
   }
   const int w = (e >> 1) == 0 ? r.lo.x : (e >> 1) == 1 ? r.lo.y : (e >> 1) == 2 ? r.lo.z : r.lo.w;
   const uint16_t h = (uint16_t)((e & 1) ? ((unsigned)w >> 16) : ((unsigned)w & 0xffffu));
-  return dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h) : mc_f16_to_f32(h);
+  return dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h) : mc_dev_f16_to_f32(h);
 }
 MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
 #pragma unroll
@@ -111,6 +127,9 @@ MC_DEV bool mc_seg_owns(const mc_seg_t &sg, int q, int64_t *g) {
   *g = sg.g0 + sg.lane + 32 * q;
   return 32 * q + sg.lane < sg.seg_groups && *g < sg.row_groups;
 }
+/* fp32 segments hold half the groups: with the dtype a constant (the
+ * kernels inline one copy per dtype) the unused half costs no registers */
+MC_DEV bool mc_seg_q_used(int q, int dt) { return dt != MC_DTYPE_FP32 || q < MC_SEG_GROUPS_PER_LANE / 2; }
 MC_DEV void mc_seg_zero(float acc[MC_SEG_GROUPS_PER_LANE][8]) {
 #pragma unroll
   for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
@@ -123,15 +142,18 @@ MC_DEV void mc_seg_axpy(float acc[MC_SEG_GROUPS_PER_LANE][8], float w, const voi
   int64_t g;
 #pragma unroll
   for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-    if (mc_seg_owns(sg, q, &g)) v[q] = mc_load8_raw(row, g, dt);
+    if (mc_seg_q_used(q, dt) && mc_seg_owns(sg, q, &g)) v[q] = mc_load8_raw(row, g, dt);
 #pragma unroll
-  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++) mc_acc8(acc[q], w, v[q], dt);
+  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+    if (mc_seg_q_used(q, dt)) mc_acc8(acc[q], w, v[q], dt);
 }
-MC_DEV void mc_seg_store(void *row, const float acc[MC_SEG_GROUPS_PER_LANE][8], const mc_seg_t &sg, int dt) {
+/* seg_dt: the dtype the segment was cut for (the wire's); dt: the row's */
+MC_DEV void mc_seg_store(void *row, const float acc[MC_SEG_GROUPS_PER_LANE][8], const mc_seg_t &sg, int seg_dt,
+                         int dt) {
   int64_t g;
 #pragma unroll
   for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-    if (mc_seg_owns(sg, q, &g)) mc_store8(row, g, dt, acc[q]);
+    if (mc_seg_q_used(q, seg_dt) && mc_seg_owns(sg, q, &g)) mc_store8(row, g, dt, acc[q]);
 }
 
 MC_DEV uint32_t mc_lanemask_lt(void) {
@@ -140,38 +162,66 @@ MC_DEV uint32_t mc_lanemask_lt(void) {
   return m;
 }
 
-/* Dynamic shared memory of the two kernels that carve it, beside the carving:
- * prep: emask[E], ecount[E], rmask[W], rcount[W]; recv: base[W][L], prefix[W+1]. */
-static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
-  return sizeof(uint32_t) * (2 * (size_t)s->num_experts + 2 * (size_t)s->world_size);
+/* ---- dispatch-send, part 1: check, route, positions (one block) ----
+ * The prep kernel's scan: MC_PREP_THREADS threads, warps of 32 tokens each,
+ * per-warp lane masks per expert and per destination rank in shared
+ * memory; a pass covers (scanning warps) x 32 tokens. MC_PREP_SMEM caps the
+ * masks, so many experts mean fewer scanning warps, never a failed launch. */
+#define MC_PREP_THREADS 256 /* up to 255 registers: the per-k state of MC_MAX_TOPK stays in them */
+#define MC_PREP_SMEM (40u << 10)
+static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
+  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
+  const size_t fixed = sizeof(uint32_t) * (cols + (size_t)s->world_size); /* running counts, expected rows */
+  size_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (sizeof(uint32_t) * cols) : 1;
+  if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
+  return w < 1 ? 1 : (int)w;
 }
+/* Dynamic shared memory of the two kernels that carve it, beside the carving:
+ * prep: count[E + W], rexp[W], mask[warps][E + W] (more than the default
+ * 48 KB only near the limits of 4096 experts and 1024 ranks: the host then
+ * raises the kernel's limit); recv: base[W][L], prefix[W+1]. */
+static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
+  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
+  return sizeof(uint32_t) * (cols + (size_t)s->world_size + cols * (size_t)mc_prep_warps(s));
+}
+/* dispatch-send and combine-send: count[W], what this block sent each rank */
+static inline size_t mc_send_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * (size_t)s->world_size; }
 static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
   return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
 }
 
-/* ---- dispatch-send, part 1: check, route, scan (one block) ----
- * Checks every valid token's top-k before anything is sent: a bad round
+/* Checks every valid token's top-k before anything is sent: a bad round
  * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
- * token's destination ranks (all members of a group need them for combine)
- * and the rows expected back; for this rank's chunk, one warp scans tokens
- * in order with per-expert and per-rank lane masks to give each record its
- * position per expert and its index per destination, writes the record
- * headers into staging, and the metas. */
-__global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+ * token's destination ranks and the rows expected back (all members of a
+ * group need them for combine); for this rank's chunk, gives each record
+ * its position per expert and its index per destination rank in token
+ * order (the order makes the slots deterministic), writes the record
+ * headers into staging, and the metas.
+ * One pass per (scanning warps x 32) tokens, lane t owning token t: it
+ * loads its ids and weights once, checks and routes them, and ORs its bit
+ * into its warp's mask of each of its experts and ranks; its place among
+ * the warp's tokens is then a popcount of the lower lanes, and one thread
+ * per column (expert or rank) turns the warps' counts into running bases.
+ * A few block barriers per pass and one round trip to memory; no serial
+ * walk over tokens (one warp walking them took 20-30 us: perf-notes).
+ * Headers, routes and row counts are written even when a later token turns
+ * out bad: nothing reads them before the next accepted round rewrites them,
+ * and the refused round leaves round number, metas and stats alone. */
+MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   const mc_shape_t *s = &a.s;
-  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), E = s->num_experts;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   extern __shared__ uint32_t smem[];
-  uint32_t *emask = smem, *ecount = smem + E, *rmask = smem + 2 * E, *rcount = smem + 2 * E + W;
+  uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W; /* count: experts then ranks */
   __shared__ int bad;
+  mc_trace_start(&a, MC_TK_PREP);
   if (tid == 0) bad = 0;
-  int m_eff = a.m;
-  if (a.bound_m) m_eff = *a.bound_m;
+  for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
+  const int m_eff = a.bound_m ? *a.bound_m : a.m;
   /* the round number moves on only once the input is accepted: a refused
    * round leaves this rank exactly as it was */
   const uint64_t round = *mc_ws_round(&a) + 1;
-  __syncthreads();
   if (m_eff < 0 || m_eff > a.m) {
     if (tid == 0) {
       mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
@@ -179,107 +229,152 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
     }
     return;
   }
-  /* each thread works on local copies: the routing helpers walk their arrays
-   * many times, and in global memory every step would be a full latency */
-  for (int t = tid; t < m_eff; t += blockDim.x) {
-    int32_t idx[MC_MAX_TOPK];
-    for (int k = 0; k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
-    int k = 0, why = mc_route_check(idx, K, E, &k);
-    if (why != MC_ROUTE_OK) {
-      mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
-                  a.rank, -1, -1, t, k, idx[k], 0, 0, round);
-      bad = 1;
+  int begin, end;
+  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+  uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
+  for (int base = 0; base < m_eff; base += NW * 32) {
+    for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
+    __syncthreads(); /* the masks (and, first time, the counts) are zero */
+    const int t = base + warp * 32 + lane;
+    const bool mine = warp < NW && t < m_eff;
+    /* Per k, in registers (loops unrolled to MC_MAX_TOPK, guarded by K: no
+     * dynamically indexed arrays, which would live in local memory and make
+     * every step a dependent load): expert id, weight, destination rank,
+     * whether k is the first of its rank (bit k of first), and that rank's
+     * index among the token's distinct ranks, ascending (jpos). */
+    int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
+    float wt[MC_MAX_TOPK];
+    uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first = 0;
+    bool scan = false; /* a valid token of this rank's chunk */
+    if (mine) {
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++)
+        if (k < K) idx[k] = a.indices[(int64_t)t * K + k], wt[k] = a.weights ? a.weights[(int64_t)t * K + k] : 1.0f;
+      int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_check reports it */
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k >= K || bad_k >= 0) continue;
+        if (idx[k] < 0 || idx[k] >= E) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
+#pragma unroll
+        for (int j = 0; j < k; j++)
+          if (bad_k < 0 && idx[j] == idx[k]) bad_k = k, why = MC_ROUTE_DUPLICATE;
+      }
+      if (bad_k >= 0) {
+        int v = 0;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++)
+          if (k == bad_k) v = idx[k];
+        mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT,
+                    MC_PHASE_DSEND, a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+        bad = 1;
+      } else {
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++) {
+          rk[k] = k < K ? idx[k] / L : 0;
+          bool f = k < K;
+#pragma unroll
+          for (int j = 0; j < k; j++) f = f && rk[j] != rk[k];
+          first |= (uint32_t)f << k;
+        }
+        int nd = 0;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++) {
+          jpos[k] = 0;
+#pragma unroll
+          for (int j = 0; j < MC_MAX_TOPK; j++) jpos[k] += (first >> j & 1u) && rk[j] < rk[k];
+          nd += first >> k & 1u;
+        }
+        n_dests[t] = (uint16_t)nd;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++)
+          if (first >> k & 1u) {
+            dests[(int64_t)t * K + jpos[k]] = (uint16_t)rk[k];
+            atomicAdd(&rexp[rk[k]], 1u);
+          }
+        scan = t >= begin && t < end;
+      }
     }
+    if (scan) {
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k < K) atomicOr(&wm[idx[k]], 1u << lane);
+        if (first >> k & 1u) atomicOr(&wm[E + rk[k]], 1u << lane);
+      }
+    }
+    __syncwarp();
+    const uint32_t lt = mc_lanemask_lt();
+    if (scan) { /* place among this warp's tokens */
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k < K) pe[k] = __popc(wm[idx[k]] & lt);
+        if (first >> k & 1u) pr[k] = __popc(wm[E + rk[k]] & lt);
+      }
+    }
+    __syncthreads();
+    /* per column, warp by warp: mask -> base of that warp's tokens */
+    for (int c = tid; c < C; c += blockDim.x) {
+      uint32_t run = count[c];
+      for (int w = 0; w < NW; w++) {
+        const uint32_t n = __popc(mask[(size_t)w * C + c]);
+        mask[(size_t)w * C + c] = run;
+        run += n;
+      }
+      count[c] = run;
+    }
+    __syncthreads();
+    if (scan) {
+      mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+      h->token = t;
+      h->n_targets = K;
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k >= K) continue;
+        int at = 0; /* ascending expert id: the ids are distinct */
+#pragma unroll
+        for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && idx[j] < idx[k];
+        h->targets[at] = mc_target_t{idx[k], (int32_t)(wm[idx[k]] + pe[k]), wt[k]};
+        if (first >> k & 1u) ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
+      }
+    }
+    __syncthreads(); /* every warp read its bases before the next pass clears the masks */
   }
-  for (int i = tid; i < 2 * E + 2 * W; i += blockDim.x) smem[i] = 0;
-  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
-  for (int d = tid; d < W; d += blockDim.x) expect[d] = 0;
   __syncthreads();
+  mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
     if (tid == 0) sc[MC_WS_BAD] = 1;
     return;
   }
+  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
+  for (int dst = tid; dst < W; dst += blockDim.x) expect[dst] = rexp[dst];
+  /* the metas: records per destination, then records per its local experts */
+  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
+    const int dst = i / (L + 1), l = i % (L + 1);
+    ((uint32_t *)(a.win + mc_meta_send_off(s, dst)))[l] = l == 0 ? count[E + dst] : count[dst * L + l - 1];
+  }
   if (tid == 0) {
     sc[MC_WS_BAD] = 0;
     sc[MC_WS_M_EFF] = (uint32_t)m_eff;
-    *mc_ws_round(&a) = round; /* later kernels read it; this block no longer does */
-  }
-  uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  for (int t = tid; t < m_eff; t += blockDim.x) {
-    int32_t idx[MC_MAX_TOPK];
-    uint16_t dl[MC_MAX_TOPK];
-    for (int k = 0; k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
-    int n = mc_route_dests(idx, K, L, dl);
-    n_dests[t] = (uint16_t)n;
-    for (int j = 0; j < n; j++) {
-      dests[(int64_t)t * K + j] = dl[j];
-      atomicAdd(&expect[dl[j]], 1u);
-    }
-  }
-  __syncthreads();
-
-  int begin, end;
-  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
-  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
-  if (warp == 0) {
-    for (int base = begin; base < end; base += 32) {
-      const int t = base + lane;
-      const bool valid = t < end;
-      int32_t idx[MC_MAX_TOPK];
-      uint16_t d[MC_MAX_TOPK];
-      const int nd = valid ? n_dests[t] : 0;
-      for (int k = 0; valid && k < K; k++) idx[k] = a.indices[(int64_t)t * K + k];
-      for (int j = 0; j < nd; j++) d[j] = dests[(int64_t)t * K + j];
-      if (valid) {
-        for (int k = 0; k < K; k++) atomicOr(&emask[idx[k]], 1u << lane);
-        for (int j = 0; j < nd; j++) atomicOr(&rmask[d[j]], 1u << lane);
-      }
-      __syncwarp();
-      const uint32_t lt = mc_lanemask_lt();
-      unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-      mc_record_header_t *h = (mc_record_header_t *)rec;
-      if (valid) {
-        int order[MC_MAX_TOPK];
-        mc_route_sorted(idx, K, order);
-        h->token = t;
-        h->n_targets = K;
-        for (int k = 0; k < K; k++) {
-          int e = idx[order[k]];
-          h->targets[k].expert = e;
-          h->targets[k].pos = (int32_t)(ecount[e] + __popc(emask[e] & lt));
-          h->targets[k].weight = a.weights ? a.weights[(int64_t)t * K + order[k]] : 1.0f;
-        }
-        for (int j = 0; j < nd; j++) ridx[(int64_t)(t - begin) * K + j] = rcount[d[j]] + __popc(rmask[d[j]] & lt);
-      }
-      /* the lowest lane holding an expert (rank) moves its count on and
-       * clears the mask: decided on what every lane read above, written
-       * after a __syncwarp, so no lane reads a word another one writes */
-      uint32_t lowest_e = 0, lowest_r = 0; /* bit k / j: this lane is the lowest for idx[k] / d[j] */
-      if (valid) {
-        for (int k = 0; k < K; k++) lowest_e |= (uint32_t)((emask[idx[k]] & lt) == 0) << k;
-        for (int j = 0; j < nd; j++) lowest_r |= (uint32_t)((rmask[d[j]] & lt) == 0) << j;
-      }
-      __syncwarp();
-      for (int k = 0; k < K; k++)
-        if (lowest_e >> k & 1u) ecount[idx[k]] += __popc(emask[idx[k]]), emask[idx[k]] = 0;
-      for (int j = 0; j < nd; j++)
-        if (lowest_r >> j & 1u) rcount[d[j]] += __popc(rmask[d[j]]), rmask[d[j]] = 0;
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-  /* the metas: records per destination, then records per its local experts */
-  for (int d = tid; d < W; d += blockDim.x) {
-    uint32_t *meta = (uint32_t *)(a.win + mc_meta_send_off(s, d));
-    meta[0] = rcount[d];
-    for (int l = 0; l < L; l++) meta[1 + l] = ecount[d * L + l];
-  }
-  if (tid == 0) {
+    *mc_ws_round(&a) = round; /* later kernels read it */
     uint64_t recs = 0;
-    for (int d = 0; d < W; d++) recs += rcount[d];
+    for (int dst = 0; dst < W; dst++) recs += count[E + dst];
     uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
     st[MC_STAT_DREC] += recs;
     st[MC_STAT_DBYTES] += recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s);
+  }
+  mc_trace_end(&a, MC_TK_PREP);
+}
+/* One inlined copy per common top-k: with K a constant the per-k loops,
+ * unrolled to MC_MAX_TOPK, shrink to K (K x K compares instead of 16 x 16).
+ * ncu, one rank alone, 128 tokens: the kernel is a chain of ~2600
+ * dependent instructions per warp at ~16 cycles each, so their count is
+ * its time (perf-notes). */
+__global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+  switch (a.s.topk) {
+  case 8: mc_dispatch_prep_body(a, 8); break;
+  case 4: mc_dispatch_prep_body(a, 4); break;
+  default: mc_dispatch_prep_body(a, a.s.topk); break;
   }
 }
 
@@ -289,6 +384,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
+  mc_trace_start(&a, MC_TK_PACK);
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   int begin, end;
@@ -301,17 +397,40 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
       mc_warp_copy4(rec + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
                     s->scale_bytes, lane);
   }
+  mc_trace_end(&a, MC_TK_PACK);
+}
+
+/* End of a send kernel: after every warp of the block stored its share,
+ * one release per directly reachable rank this block sent to, adding what
+ * it sent (records, or row segments) to that rank's running total. A
+ * signal per block instead of per record or segment: each is a fence that
+ * waits for the stores before it, and the receivers wait for a source's
+ * whole total before reading any of it, so finer signals bought nothing
+ * (perf-notes). The fence after the block barrier orders the other warps'
+ * stores too (they happen before it through bar.sync: cumulativity). */
+MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
+  __syncthreads();
+  for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x) {
+    if (!count[p]) continue;
+    mc_fence_peers(&a);
+    mc_sig_add(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(&a.s, slot, a.rank)), count[p]);
+  }
 }
 
 /* ---- dispatch-send, part 2b: one warp per (token, destination rank) ----
  * A directly reachable destination gets the record stored straight into its
  * window (header from staging, payload and scales from the caller's
  * buffers), then its record counter is bumped with a release; any other
- * gets the staged record by put-with-signal. */
+ * gets the staged record by put-with-signal. Direct records are counted
+ * per block and signalled at the end (mc_block_signal_counts). */
 __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
+  mc_trace_start(&a, MC_TK_DSEND);
+  extern __shared__ uint32_t count[]; /* [W] records this block stored into each rank */
+  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x) count[p] = 0;
+  __syncthreads();
   const int K = s->topk, W = s->world_size, lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const int m_eff = (int)sc[MC_WS_M_EFF];
@@ -337,8 +456,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
       if (s->scale_bytes)
         mc_warp_copy4(dst + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
                       s->scale_bytes, lane);
-      __syncwarp();
-      if (lane == 0) mc_red_release_sys_add_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_RECS, a.rank)), 1);
+      if (lane == 0) atomicAdd(&count[d], 1u);
     } else {
       mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
     }
@@ -349,12 +467,14 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
     if (peer) {
       mc_warp_copy16(peer + mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s), lane);
       __syncwarp();
-      if (lane == 0) mc_st_release_sys_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+      if (lane == 0) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
     } else {
       mc_t_put_signal_warp(&a, mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s),
                            MC_SIG_DISP_META, round, MC_SIG_SET, d);
     }
   }
+  mc_block_signal_counts(a, count, MC_SIG_DISP_RECS);
+  mc_trace_end(&a, MC_TK_DSEND);
 }
 
 /* ---- dispatch-recv (whole grid) ----
@@ -373,6 +493,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   extern __shared__ uint32_t smem[];
   uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
   __shared__ int abort_;
+  mc_trace_start(&a, MC_TK_DRECV);
   if (tid == 0) abort_ = 0;
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
@@ -380,6 +501,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
+  mc_trace_point(&a, MC_TK_DRECV, 0);
   for (int l = tid; l < L; l += blockDim.x) {
     uint32_t run = 0;
     for (int src = 0; src < W; src++) {
@@ -433,6 +555,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
     }
   }
   /* last block out: running totals of records move on by this round's counts */
+  mc_trace_end(&a, MC_TK_DRECV);
   __syncthreads();
   if (tid == 0) {
     __threadfence();
@@ -456,17 +579,20 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
  * put-with-signal per staged member. Each lane keeps four 8-element loads
  * in flight per expert. (Measured: a warp per whole row starves the SMs of
  * warps, a signal per segment costs a system-scope release each; perf-notes.) */
-__global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t a) {
+MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
   const uint64_t round = *mc_ws_round(&a);
   const int n_route = (int)sc[MC_WS_N_ROUTE];
+  mc_trace_start(&a, MC_TK_CSEND);
+  extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
+  for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
+  __syncthreads();
   if (blockIdx.x == 0)
     for (int p = threadIdx.x; p < W; p += blockDim.x) {
       unsigned char *peer = mc_t_peer_window(&a, p);
-      if (peer) mc_st_release_sys_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
+      if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
       else mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
     }
   const uint64_t row_bytes = mc_row_bytes(s);
@@ -488,16 +614,23 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
       const mc_target_t tg = r->targets[k];
       mc_seg_axpy(acc, tg.weight,
                   (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
-                  a.in_dtype);
+                  dt);
     }
     bool any_staged = false;
     for (int p = first; p < first + G; p++) {
       unsigned char *peer = mc_t_peer_window(&a, p);
       any_staged |= peer == NULL;
-      if (peer) mc_seg_store(peer + dst_off, acc, seg, a.in_dtype);
+      if (peer) mc_seg_store(peer + dst_off, acc, seg, dt, dt);
     }
-    if (any_staged) mc_seg_store(stage, acc, seg, a.in_dtype);
-    /* count this segment done; the row's last segment sends the row */
+    __syncwarp();
+    if (lane == 0)
+      for (int p = first; p < first + G; p++)
+        if (mc_t_peer_window(&a, p)) atomicAdd(&count[p], 1u);
+    if (!any_staged) continue;
+    /* staged members get the whole row by one put: count this segment done,
+     * the row's last segment puts it, adding segs to the signal (the unit
+     * is a segment for every source, direct or not) */
+    mc_seg_store(stage, acc, seg, dt, dt);
     __syncwarp();
     uint32_t done = 0;
     if (lane == 0) {
@@ -507,22 +640,29 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
     done = __shfl_sync(0xffffffffu, done, 0);
     if (done != (uint32_t)segs - 1) continue;
     if (lane == 0) rowdone[i] = 0; /* for the next round */
-    /* the other warps' segments, seen through the count, before the signal
-     * (system scope: the row may have gone to another GPU or a NIC) */
-    __threadfence_system();
-    for (int p = first; p < first + G; p++) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      if (peer) {
-        if (lane == 0) mc_red_release_sys_add_u64((uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_ROWS, a.rank)), 1);
-      } else {
-        mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, 1, MC_SIG_ADD, p);
-      }
-    }
+    /* the other warps' segments, seen through the count, before the put */
+    mc_fence_peers(&a);
+    for (int p = first; p < first + G; p++)
+      if (!mc_t_peer_window(&a, p))
+        mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, (uint64_t)segs, MC_SIG_ADD, p);
   }
+  mc_block_signal_counts(a, count, MC_SIG_COMB_ROWS);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
     st[MC_STAT_CROWS] += (uint64_t)n_route * G;
     st[MC_STAT_CBYTES] += (uint64_t)n_route * G * row_bytes;
+  }
+  mc_trace_end(&a, MC_TK_CSEND);
+}
+/* One inlined copy of the body per wire dtype: with the dtype a constant,
+ * each copy holds only its own loads and conversions in registers (one
+ * generic body needed 225 registers per thread, one block per SM). */
+__global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
+  switch (a.in_dtype) {
+  case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
+  case MC_DTYPE_FP16: mc_combine_send_body(a, MC_DTYPE_FP16); break;
+  default: mc_combine_send_body(a, MC_DTYPE_FP32); break;
   }
 }
 
@@ -531,29 +671,30 @@ __global__ void __launch_bounds__(MC_CSEND_THREADS) mc_k_combine_send(mc_kargs_t
  * in fp32, round once; then wait for every rank's barrier signal of this
  * round (nobody may start the next dispatch-send while a peer still reads
  * this round's dispatch buffers). */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
+MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int odt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
   const uint64_t round = *mc_ws_round(&a);
   const int m_eff = (int)sc[MC_WS_M_EFF];
   const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
   const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
   __shared__ int abort_;
+  mc_trace_start(&a, MC_TK_CRECV);
   if (tid == 0) abort_ = 0;
   __syncthreads();
+  const int segs = mc_row_segs(s); /* the rows signal counts row segments */
   for (int src = tid; src < W; src += blockDim.x)
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src], MC_PHASE_CRECV, src,
+                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src] * segs, MC_PHASE_CRECV, src,
                        MC_SIG_COMB_ROWS, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
+  mc_trace_point(&a, MC_TK_CRECV, 0);
   const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
   const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  const uint64_t out_row = (uint64_t)s->hidden * (a.out_dtype == MC_DTYPE_FP32 ? 4u : 2u);
-  const int segs = mc_row_segs(s);
+  const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes), row_groups = s->hidden / 8;
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   /* one warp per (token, segment): four 8-element groups per lane in flight */
@@ -564,23 +705,57 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
-    for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, a.in_dtype);
-    mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, a.out_dtype);
+    for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, dt);
+    mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
+  mc_trace_point(&a, MC_TK_CRECV, 1);
   for (int p = tid; p < W; p += blockDim.x)
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
+  mc_trace_end(&a, MC_TK_CRECV);
   if (tid == 0) {
     __threadfence();
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += expect[src];
+      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * segs;
       sc[MC_WS_DONE_CRECV] = 0;
     }
   }
+}
+
+/* per (wire, output) dtype pair, as for combine-send */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
+#define MC_CRECV_CASE(in, out)                                                                                         \
+  if (a.in_dtype == in && a.out_dtype == out) return mc_combine_recv_body(a, in, out);
+  MC_CRECV_CASE(MC_DTYPE_BF16, MC_DTYPE_BF16)
+  MC_CRECV_CASE(MC_DTYPE_BF16, MC_DTYPE_FP32)
+  MC_CRECV_CASE(MC_DTYPE_FP16, MC_DTYPE_FP16)
+  MC_CRECV_CASE(MC_DTYPE_FP16, MC_DTYPE_FP32)
+  MC_CRECV_CASE(MC_DTYPE_FP32, MC_DTYPE_FP32)
+  mc_combine_recv_body(a, a.in_dtype, a.out_dtype); /* other pairs: one generic copy */
+#undef MC_CRECV_CASE
+}
+
+/* ---- mc_a2a_barrier: one block; every rank SETs its count into every
+ * peer's slot, then waits for every peer's. Counts only grow, so a SET of
+ * call n+1 cannot be confused with call n's. ---- */
+__global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  const uint64_t n = (uint64_t)sc[MC_WS_BARRIERS] + 1;
+  __syncthreads(); /* every thread has read the count before it moves on */
+  if (threadIdx.x == 0) sc[MC_WS_BARRIERS] = (uint32_t)n;
+  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x) {
+    unsigned char *peer = mc_t_peer_window(&a, p);
+    if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_BARRIER, a.rank)), n);
+    else mc_t_signal(&a, MC_SIG_BARRIER, n, MC_SIG_SET, p);
+  }
+  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x)
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n)) return;
 }
 
 #endif

@@ -125,6 +125,19 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   /* peers reached only through puts need records staged first */
   for (int pe = 0; pe < a2a->comm->world_size; pe++)
     if (!g->direct || !nvshmem_ptr(g->win, pe)) g->staged = 1;
+  /* the prep kernel's scan state passes the default 48 KB only near the
+   * limits (4096 experts, 1024 ranks) */
+  if (mc_prep_smem_bytes(&a2a->shape) > (48u << 10) &&
+      (e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)mc_prep_smem_bytes(&a2a->shape))) != cudaSuccess) {
+    nvshmem_a2a_destroy(a2a);
+    return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
+  }
+  rc = mc_gpu_decide_scope(a2a);
+  if (rc != MC_SUCCESS) {
+    nvshmem_a2a_destroy(a2a);
+    return rc;
+  }
   a2a->stats.buffer_bytes = mc_window_bytes(&a2a->shape) + mc_workspace_bytes(&a2a->shape);
   return MC_SUCCESS;
 }
@@ -141,12 +154,12 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   case MC_PHASE_DSEND:
     mc_k_dispatch_prep<<<1, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
     if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-    mc_k_dispatch_send<<<g->grid, MC_THREADS, 0, st>>>(ka);
+    mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_DRECV:
     mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
     break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, 0, st>>>(ka); break;
+  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka); break;
   case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
   }
   cudaError_t e = cudaGetLastError();
@@ -157,11 +170,20 @@ static mc_result_t dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return ru
 static mc_result_t drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_half(a2a, MC_PHASE_DRECV, d, NULL); }
 static mc_result_t csend(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CSEND, NULL, c); }
 static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CRECV, NULL, c); }
+static mc_result_t barrier(mc_a2a_t *a2a, void *stream) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
+  if (rc != MC_SUCCESS) return rc;
+  int threads = a2a->shape.world_size < MC_THREADS ? (a2a->shape.world_size + 31) / 32 * 32 : MC_THREADS;
+  mc_k_barrier<<<1, threads, 0, (cudaStream_t)stream>>>(ka);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "barrier kernel launch");
+}
 
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
     dsend,       drecv,                csend,                crecv,              mc_gpu_refresh_stats,
-    mc_gpu_check,
+    mc_gpu_check, barrier,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

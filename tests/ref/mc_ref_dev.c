@@ -130,6 +130,18 @@ void mc_dev_mark(int gpu, int k) {
   host_marks[k] = now_us();
 }
 
+void mc_dev_mark_on(void *stream, int k) {
+#ifdef MC_REF_CUDA
+  if (!marks_made) {
+    for (int i = 0; i < MC_DEV_MARKS; i++) cudaEventCreate(&marks[i]);
+    marks_made = 1;
+  }
+  cudaEventRecordWithFlags(marks[k], (cudaStream_t)stream, cudaEventRecordExternal);
+#else
+  (void)stream, (void)k;
+#endif
+}
+
 double mc_dev_elapsed_us(int gpu, int k0, int k1) {
 #ifdef MC_REF_CUDA
   if (gpu) {

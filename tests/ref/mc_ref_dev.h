@@ -22,6 +22,8 @@ int mc_dev_sync(int gpu);
 /* other work on the stream between a send and its recv */
 void mc_dev_busy(int gpu, void *scratch, size_t n);
 void mc_dev_mark(int gpu, int k);
+/* the same on a given stream, also while it is captured (an event record node) */
+void mc_dev_mark_on(void *stream, int k);
 double mc_dev_elapsed_us(int gpu, int k0, int k1); /* after mc_dev_sync */
 
 /* CUDA graph of one layer: capture what `body` launches on the capture

@@ -72,3 +72,62 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
   }
   mc_dev_graph_free(exec, stream);
 }
+
+/* ---- the timed graph mode ---- */
+typedef struct timed_ctx {
+  mc_a2a_t *a2a;
+  dbufs_t *d;
+  const call_in_t *ci;
+  int m;
+  int whole;
+  mc_result_t rc;
+} timed_ctx_t;
+
+static int timed_body(void *stream, void *arg) {
+  timed_ctx_t *g = arg;
+  const call_in_t *ci = g->ci;
+  dbufs_t *d = g->d;
+  if ((g->rc = mc_a2a_barrier(g->a2a, stream)) != MC_SUCCESS) return 1;
+  /* whole: marks 0, 3, 4, 7 only (no event between a send and its recv) */
+#define HALF(k, call)                                                                                                  \
+  if (!g->whole || k % 4 == 0) mc_dev_mark_on(stream, k);                                                             \
+  if ((g->rc = (call)) != MC_SUCCESS) return 1;                                                                       \
+  if (!g->whole || k % 4 == 2) mc_dev_mark_on(stream, k + 1);
+  HALF(0, mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs, d->count,
+                      MC_SEND, stream))
+  HALF(2, mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs, d->count,
+                      MC_RECV, stream))
+  HALF(4, mc_combine(g->a2a, d->y, d->out, MC_SEND, stream))
+  HALF(6, mc_combine(g->a2a, d->y, d->out, MC_RECV, stream))
+#undef HALF
+  return 0;
+}
+
+void mc_rr_time_graph(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
+                      const call_in_t *ci, int m, const mc_oob_t *oob, double *samples, int nsamples,
+                      mc_run_rank_t *me) {
+  (void)c;
+  timed_ctx_t g = {a2a, d, ci, m, o->whole, MC_SUCCESS};
+  void *exec = NULL, *stream = NULL;
+  if (mc_dev_graph_capture(timed_body, &g, &exec, &stream) != 0) {
+    mc_rr_fail(me, g.rc, "rank %d: capturing the timed round failed: %s", rank, mc_a2a_last_error(a2a));
+    return;
+  }
+  const int warm = o->warmup > 0 ? o->warmup : 1;
+  for (int i = 0; i < warm + nsamples && !me->failed; i++) {
+    mc_dev_sync(1);
+    if (mc_rr_oob_barrier(oob) != 0 || mc_dev_graph_launch(exec, stream) != 0 || mc_dev_sync(1) != 0) {
+      mc_rr_fail(me, 0, "rank %d: timed graph replay %d failed", rank, i);
+      break;
+    }
+    mc_result_t crc = mc_a2a_check(a2a);
+    if (crc != MC_SUCCESS) {
+      mc_rr_fail(me, crc, "rank %d: timed graph replay %d: %s", rank, i, mc_a2a_last_error(a2a));
+      break;
+    }
+    if (i < warm) continue;
+    const int r = i - warm;
+    mc_rr_store_samples(samples, nsamples, r, 1, o->whole);
+  }
+  mc_dev_graph_free(exec, stream);
+}

@@ -54,6 +54,19 @@ void mc_rr_check_combine(const mc_case_t *c, bufs_t *b, int rank, uint64_t round
 int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *in, const call_in_t *ci, bufs_t *b,
                            dbufs_t *d, int rank, uint64_t round, mc_run_rank_t *me);
 
+/* mc_ref_run.c: the four phase samples of round r from the marks (whole:
+ * marks 0-3 and 4-7 only, the spans go to the send slots, 0 to the recv) */
+void mc_rr_store_samples(double *samples, int nsamples, int r, int gpu, int whole);
+/* mc_ref_run.c: every rank through the out-of-band allgather; 0 on success */
+int mc_rr_oob_barrier(const mc_oob_t *oob);
+
+/* mc_ref_graph.c: the timed CUDA-graph mode: one round (mc_a2a_barrier, then
+ * the four halves, each between two marks) captured once, replayed after a
+ * host barrier `warmup` + nsamples times; samples as the eager loop's */
+void mc_rr_time_graph(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
+                      const call_in_t *ci, int m, const mc_oob_t *oob, double *samples, int nsamples,
+                      mc_run_rank_t *me);
+
 /* mc_ref_graph.c: a layer captured once as a CUDA graph, replayed every round */
 void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, bufs_t *b, dbufs_t *d,
                             mc_run_rank_t *me);

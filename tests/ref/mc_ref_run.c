@@ -38,7 +38,14 @@ static double now_us(void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
-static int oob_barrier(const mc_oob_t *oob) {
+void mc_rr_store_samples(double *samples, int nsamples, int r, int gpu, int whole) {
+  samples[MC_PH_DISPATCH_SEND * nsamples + r] = mc_dev_elapsed_us(gpu, 0, whole ? 3 : 1);
+  samples[MC_PH_DISPATCH_RECV * nsamples + r] = whole ? 0 : mc_dev_elapsed_us(gpu, 2, 3);
+  samples[MC_PH_COMBINE_SEND * nsamples + r] = mc_dev_elapsed_us(gpu, 4, whole ? 7 : 5);
+  samples[MC_PH_COMBINE_RECV * nsamples + r] = whole ? 0 : mc_dev_elapsed_us(gpu, 6, 7);
+}
+
+int mc_rr_oob_barrier(const mc_oob_t *oob) {
   int one = 1, all[4096];
   int *buf = oob->world_size <= 4096 ? all : malloc(sizeof(int) * (size_t)oob->world_size);
   int rc = oob->allgather(&one, buf, sizeof one, oob->user);
@@ -111,7 +118,12 @@ static void rank_main(run_ctx_t *ctx) {
     mc_rr_run_graph_rounds(c, o, rank, a2a, &b, &d, me);
     goto done;
   }
-  const int total = o->warmup + o->rounds;
+  /* timed graph mode: the eager rounds are the warm-up (and the checks),
+   * the timed rounds are replays of a captured round */
+  const int timed_graph = gpu && o->graph_timed;
+  const int total = o->warmup + (timed_graph ? 0 : o->rounds);
+  call_in_t last_in = {0};
+  int last_m = 0;
   for (int i = 0; i < total; i++) {
     round = (uint64_t)i + 1;
     a2a = hs[i % nh];
@@ -136,6 +148,7 @@ static void rank_main(run_ctx_t *ctx) {
       mc_rr_fail(me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)round, rank);
       goto done;
     }
+    last_in = ci, last_m = in->m;
     if (check) {
       mc_dev_fill(gpu, d.x, POISON_X, xbytes);
       if (d.xs) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
@@ -147,17 +160,20 @@ static void rank_main(run_ctx_t *ctx) {
     if (check) mc_a2a_get_stats(a2a, &before);
     if (o->inject_bad && mc_rr_inject_bad_calls(c, a2a, in, &ci, &b, &d, rank, round, me)) goto done;
     mc_dev_sync(gpu);
-    if (o->barrier && oob_barrier(&ctx->oob) != 0) {
+    if (o->barrier && mc_rr_oob_barrier(&ctx->oob) != 0) {
       mc_rr_fail(me, 0, "rank %d: barrier failed", rank);
       goto done;
     }
+    /* on a GPU the host barrier leaves launch skew between processes: line
+     * the ranks' streams up on the device as well */
+    if (o->barrier && gpu) API(mc_a2a_barrier(a2a, NULL));
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, NULL)
     mc_dev_mark(gpu, 0);
     API(DISPATCH(MC_SEND));
-    mc_dev_mark(gpu, 1);
+    if (!o->whole) mc_dev_mark(gpu, 1);
     if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-    mc_dev_mark(gpu, 2);
+    if (!o->whole) mc_dev_mark(gpu, 2);
     API(DISPATCH(MC_RECV));
     mc_dev_mark(gpu, 3);
 #undef DISPATCH
@@ -177,18 +193,15 @@ static void rank_main(run_ctx_t *ctx) {
     }
     mc_dev_mark(gpu, 4);
     API(mc_combine(a2a, d.y, d.out, MC_SEND, NULL));
-    mc_dev_mark(gpu, 5);
+    if (!o->whole) mc_dev_mark(gpu, 5);
     if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-    mc_dev_mark(gpu, 6);
+    if (!o->whole) mc_dev_mark(gpu, 6);
     API(mc_combine(a2a, d.y, d.out, MC_RECV, NULL));
     mc_dev_mark(gpu, 7);
     mc_dev_sync(gpu);
     if (i >= o->warmup) {
       int r = i - o->warmup;
-      samples[MC_PH_DISPATCH_SEND * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 0, 1);
-      samples[MC_PH_DISPATCH_RECV * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 2, 3);
-      samples[MC_PH_COMBINE_SEND * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 4, 5);
-      samples[MC_PH_COMBINE_RECV * ctx->res->rounds + r] = mc_dev_elapsed_us(gpu, 6, 7);
+      mc_rr_store_samples(samples, ctx->res->rounds, r, gpu, gpu && o->whole);
     }
     API(mc_a2a_check(a2a));
     if (check) {
@@ -207,6 +220,8 @@ static void rank_main(run_ctx_t *ctx) {
                    (unsigned long long)round, rank, (unsigned long long)got, (unsigned long long)want);
     }
   }
+  if (timed_graph && !me->failed && a2a)
+    mc_rr_time_graph(c, o, rank, a2a, &d, &last_in, last_m, &ctx->oob, samples, ctx->res->rounds, me);
   if (o->dense_bytes && !me->failed) {
     mc_dev_sync(gpu);
     mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
@@ -227,7 +242,7 @@ done:
   /* Threads share one address space: nobody unmaps a window while a peer
    * may still write into it. (Processes map separately: no wait needed.)
    * NVSHMEM's free is collective: every live rank must reach it. */
-  if ((!o->processes || (gpu && !me->failed)) && comm) oob_barrier(&ctx->oob);
+  if ((!o->processes || (gpu && !me->failed)) && comm) mc_rr_oob_barrier(&ctx->oob);
   if (!(gpu && me->failed))
     for (int h = 0; h < nh && h < 64; h++)
       mc_a2a_destroy(hs[h]);

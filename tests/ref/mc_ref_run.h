@@ -16,7 +16,7 @@ typedef struct mc_run_opts {
   int handles;       /* a2a handles alive at once; rounds rotate through them (default 1) */
   int timeout_ms;    /* the communicator's timeout (default 10000) */
   int check;         /* 1: compare with the reference every round */
-  int barrier;       /* 1: an out-of-band barrier before each round (timing) */
+  int barrier;       /* 1: an out-of-band barrier before each round, then mc_a2a_barrier on a GPU (timing) */
   int stall_rank;    /* -1: none; else this rank stops before dispatch of stall_round */
   int stall_round;   /*   (thread: goes silent; process: dies with SIGKILL) */
   mc_transport_t transport;
@@ -24,6 +24,11 @@ typedef struct mc_run_opts {
   int check_first;   /* GPU: check only the first N rounds and the last (0: all) */
   int graph;         /* GPU: capture dispatch -> identity experts -> combine once, replay every round
                         (needs case.expert_identity and fixed_m) */
+  int whole;         /* GPU timing: no marks between a send and its recv (each mark is a CUDA event,
+                        several us of GPU time under MPS); the send sample holds the whole call pair,
+                        the recv sample 0 */
+  int graph_timed;   /* GPU timing: warm-up rounds eager (and checked), then the timed rounds as replays
+                        of one captured round: mc_a2a_barrier, the four halves, a mark around each */
   size_t dense_bytes; /* > 0: after the rounds, time the transport's dense all-to-all of this many
                          bytes per peer, `rounds` samples (the baseline) */
   /* optional second dense baseline with the same bytes (mc-bench: NCCL), run
@@ -31,7 +36,7 @@ typedef struct mc_run_opts {
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, NULL}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, NULL}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
