@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -20,42 +20,57 @@ log "build: $(( $(date +%s) - t0 )) s"
 L="scripts/mc-launch.sh 8 --"
 results=()
 if [ "$mode" = probe ]; then
-  # where the time goes: per-kernel durations of one rank alone (ncu does not
-  # run under MPS), then EP8 under MPS with other grid sizes
-  B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 50 -w 10"
-  MC_NO_MPS=1 timeout 240 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
-    -k regex:mc_k_ --launch-skip 40 --launch-count 10 \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
-    $B -n 1 -t 128 > "$out/ncu-ep1.log" 2>&1
-  grep -E "mc_k_|gpu__time" "$out/ncu-ep1.log" | paste - - | awk '{print $1, $NF}' | sort | uniq
-  MC_GPU_STAGED=1 MC_NO_MPS=1 timeout 240 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
-    -k regex:mc_k_ --launch-skip 40 --launch-count 12 --metrics gpu__time_duration.sum \
-    $B -n 1 -t 128 > "$out/ncu-ep1-staged.log" 2>&1
-  echo "staged:"; grep -E "mc_k_|gpu__time" "$out/ncu-ep1-staged.log" | paste - - | awk '{print $1, $NF}' | sort | uniq
-  MC_GPU_STAGED=1 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-staged.txt" 2>&1
-  echo "EP8 staged:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-staged.txt" | head -9
-  for n in 1 2 8; do
-    timeout 120 scripts/mc-launch.sh $n -- $B -n $n -t 128 > "$out/probe-ep$n.txt" 2>&1
-    echo "EP$n:"; grep -E "dispatch|combine|verdict" "$out/probe-ep$n.txt" | head -9
+  # where one kernel's time goes (ncu does not run under MPS: one rank alone),
+  # then dispatch and combine timed whole (no events between the halves),
+  # eager and as CUDA-graph replays
+  B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 100 -w 10"
+  for k in ${PROBE_KERNELS:-dispatch_prep}; do
+    MC_NO_MPS=1 timeout 200 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
+      -k regex:mc_k_$k --launch-skip 20 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+      --section SourceCounters --section LaunchStats $B -r 30 -n 1 -t 128 > "$out/ncu-$k.log" 2>&1
+    echo "== ncu $k"; grep -iE "duration|stall|warp cycles|registers|issued" "$out/ncu-$k.log" | cut -c1-160 | head -30
   done
-  for g in 32; do
-    MC_GPU_BLOCKS=$g timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-g$g.txt" 2>&1
-    echo "EP8 blocks=$g:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-g$g.txt" | head -9
+  for t in 1 128; do
+    for g in "" --graph; do
+      timeout 120 $L $B -n 8 -t $t --whole $g > "$out/whole-t$t$g.txt" 2>&1
+      echo "== EP8 t=$t whole $g: $(grep -E '^ *(dispatch|combine) ' "$out/whole-t$t$g.txt" | tr -s ' ' | tr '\n' ';')"
+    done
   done
-  MC_GPU_STAGED=1 MC_GPU_BLOCKS=32 timeout 120 $L $B -n 8 -t 128 > "$out/probe-ep8-staged-g32.txt" 2>&1
-  echo "EP8 staged blocks=32:"; grep -E "dispatch|combine|verdict" "$out/probe-ep8-staged-g32.txt" | head -9
   exit 0
 fi
-run_test() { # name ranks-hint
-  local t=$1 s; s=$(date +%s)
-  if timeout "${TEST_TIMEOUT:-300}" $L build-dev/mc_tests "$t" > "$out/test-$t.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-  results+=("$t $r $(( $(date +%s) - s ))s")
-  [ "$r" = PASS ] || tail -15 "$out/test-$t.log"
+if [ "$mode" = trace ]; then
+  # the kernels' timeline (MC_GPU_TRACE stamps, scripts/trace_summary.py):
+  # where each rank's time goes, EP8 under MPS against one rank alone
+  B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 100 -w 10"
+  tr() { # name ranks env... -- bench args
+    local name=$1 n=$2; shift 2
+    env MC_GPU_TRACE="$out/trace-$name" "$@" timeout 120 scripts/mc-launch.sh "$n" -- $B -n "$n" ${TARGS:-} \
+      > "$out/trace-$name.txt" 2>&1
+    echo "== $name: $(grep -E '^ *(dispatch|combine) ' "$out/trace-$name.txt" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
+    python3 scripts/trace_summary.py "$out/trace-$name" | tee "$out/trace-$name.sum"
+  }
+  TARGS="-t 128" tr ep8-t128 8
+  TARGS="-t 128 --graph" tr ep8-t128-graph 8
+  TARGS="-t 1" tr ep8-t1 8
+  TARGS="-t 1 --graph" tr ep8-t1-graph 8
+  MC_NO_MPS=1 TARGS="-t 128" tr ep1-t128 1
+  (cd "$out" && tar czf traces.tgz --remove-files trace-* *.log 2>/dev/null || true)
+  exit 0
+fi
+run_test() { # name [VAR=value ...]: the test, under the environment given
+  local t=$1 s tag; shift; s=$(date +%s); tag=$t${1:+-${1%%=*}}
+  if env "$@" timeout "${TEST_TIMEOUT:-300}" $L build-dev/mc_tests "$t" > "$out/test-$tag.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
+  [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_many_rounds"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds"
 [ "$mode" = quick ] && tests="gpu_ep_sizes gpu_stall" && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
+# the paths the defaults on one GPU do not take: NVSHMEM puts from staging
+# (what a NIC carries), system-scope signals (what several GPUs need)
+run_test gpu_ep_sizes MC_GPU_STAGED=1
+run_test gpu_ep_sizes MC_GPU_SCOPE=sys
 
 if [ "$mode" = tests ]; then
   printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
@@ -81,9 +96,23 @@ tok_list="1 8 32 128 512"
 [ "$mode" = quick ] && tok_list="1 128"
 for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
+if [ "$mode" = full ]; then
+  # the same calls with no CUDA event between a send and its recv (under
+  # MPS each event costs the GPU several us), eager and as graph replays
+  for t in 1 128; do
+    bench "dsv3-t$t-whole" -t "$t" -r 200 -w 20 --whole
+    bench "dsv3-t$t-whole-graph" -t "$t" -r 200 -w 20 --whole --graph
+  done
+  # and the kernels' timeline at 128 tokens (globaltimer stamps)
+  MC_GPU_TRACE="$out/trace-t128" timeout 120 $L build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 \
+    -r 100 -w 10 -t 128 > /dev/null 2>&1
+  python3 scripts/trace_summary.py "$out/trace-t128" > "$out/timeline-t128.txt"
+  (cd "$out" && tar czf traces.tgz --remove-files trace-t128.* 2>/dev/null || true)
+fi
 
-# the files that come back are few: JSON and the summary stay, logs go in one archive
+# at most 8 files come back: logs in one archive, raw JSON in another
 (cd "$out" && tar czf logs.tgz --remove-files $(cd "$out" && ls *.log *.err machine.txt 2>/dev/null) 2>/dev/null || true)
+trap '(cd "$out" && tar czf bench-json.tgz --remove-files bench-*.json 2>/dev/null || true)' EXIT
 echo
 echo "== tests =="
 printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
@@ -97,6 +126,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
         print(os.path.basename(f), "unreadable:", open(f).read()[:200]); continue
     if "failed" in j: print(os.path.basename(f), "FAILED"); continue
     l = j["latency_us"]; d = j.get("dense_alltoall", {})
+    for h in ("dispatch send", "dispatch recv", "combine send", "combine recv"): l.setdefault(h, {"median": 0.0})
     print(f'{os.path.basename(f)[6:-5]:12s} t={j["config"]["tokens"]:4d} disp {l["dispatch"]["median"]:8.1f} (s {l["dispatch send"]["median"]:6.1f} r {l["dispatch recv"]["median"]:7.1f}) '
           f'comb {l["combine"]["median"]:8.1f} (s {l["combine send"]["median"]:6.1f} r {l["combine recv"]["median"]:7.1f}) '
           f'dense {d.get("median_us", 0):8.1f}  buf {j["buffer_bytes_per_rank"]/2**20:6.1f}MiB {j["verdict"]}')

@@ -7,7 +7,8 @@
 #   of its GPU's SMs (k ranks per GPU); MPS is started here and always shut
 #   down when this script exits, however it exits;
 #   (MC_MPS_PERCENT overrides the share; MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
-#   not run under MPS);
+#   not run under MPS); the share is also what keeps ranks sharing a GPU live: at MC_MPS_PERCENT=100, 8 ranks'
+#   receive kernels spinning on every SM kept a sender's kernel from starting until the timeout (perf-notes 7);
 # - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
 #   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
 set -euo pipefail

@@ -47,6 +47,10 @@ static void usage(FILE *f) {
       "      --nccl            GPU: also time NCCL's grouped send/recv all-to-all of the same\n"
       "                        padded payload (needs one GPU per rank)\n"
       "      --split           other work between each send and its recv\n"
+      "      --whole           GPU: time dispatch and combine each as one span, no CUDA event\n"
+      "                        between a send and its recv (events cost GPU time under MPS)\n"
+      "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
+      "                        overhead on the host); the warm-up rounds run eagerly\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -91,7 +95,7 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE };
   int nccl = 0;
   int sizes_only = 0;
   int dense = 1;
@@ -103,6 +107,7 @@ int main(int argc, char **argv) {
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
+      {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
@@ -126,6 +131,8 @@ int main(int argc, char **argv) {
     case 's': c.seed = strtoull(optarg, NULL, 10); break;
     case O_PROC: o.processes = 1; break;
     case O_SPLIT: o.split = 1; break;
+    case O_GRAPH: o.graph_timed = 1; break;
+    case O_WHOLE: o.whole = 1; break;
     case O_NOCHECK: o.check = 0; break;
     case O_JSON: json = 1; break;
     case O_TRANSPORT:
@@ -153,6 +160,8 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if ((o.graph_timed || o.whole) && o.transport == MC_TRANSPORT_CPU)
+    return fprintf(stderr, "--graph, --whole: GPU timing modes (--transport nvshmem)\n"), 2;
   if (sizes_only) { /* what the one layout header says a rank allocates */
     printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
            "\"group_size\": %d, \"world_size\": [",
@@ -246,12 +255,14 @@ int main(int argc, char **argv) {
            o.processes ? "processes" : "threads");
     printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
            "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
-           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu},\n",
+           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s},\n",
            c.world_size, c.group_size, c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes,
-           dtype_name(c.in_dtype), dtype_name(c.out_dtype), o.rounds, o.warmup, (unsigned long long)c.seed);
+           dtype_name(c.in_dtype), dtype_name(c.out_dtype), o.rounds, o.warmup, (unsigned long long)c.seed,
+           o.graph_timed ? "true" : "false", o.whole ? "true" : "false");
     printf(" \"latency_us\": {");
-    for (int ph = 0; ph < MC_PH_COUNT + 2; ph++)
-      printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph ? ", " : "", names[ph], med[ph], p99[ph]);
+    for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) /* --whole: no halves */
+      printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > (o.whole ? MC_PH_COUNT : 0) ? ", " : "",
+             names[ph], med[ph], p99[ph]);
     printf("},\n \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
            "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
            disp, disp_pe, comb, comb_pe);
@@ -275,8 +286,8 @@ int main(int argc, char **argv) {
     printf("          token %zu B + scales %zu B, combine %s -> %s, hidden %d; %d rounds after %d warm-up\n\n",
            c.token_bytes, c.scale_bytes, dtype_name(c.in_dtype), dtype_name(c.out_dtype), c.hidden, o.rounds, o.warmup);
     printf("  %-16s %12s %12s\n", "phase", "median us", "p99 us");
-    for (int ph = 0; ph < MC_PH_COUNT + 2; ph++) {
-      if (ph == MC_PH_COUNT) printf("  %-16s %12s %12s\n", "", "", "");
+    for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) {
+      if (ph == MC_PH_COUNT && !o.whole) printf("  %-16s %12s %12s\n", "", "", "");
       printf("  %-16s %12.1f %12.1f\n", names[ph], med[ph], p99[ph]);
     }
     printf("\n  bytes sent per rank per round   ours        per-expert design   ratio\n");
