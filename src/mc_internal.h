@@ -15,7 +15,7 @@ struct mc_comm {
   int device;
   mc_oob_t oob;
   int live_a2a; /* handles not yet destroyed; destroy refuses while > 0 */
-  int owns_nvshmem; /* we initialised NVSHMEM, so we finalise it */
+  int owns_nvshmem; /* we called nvshmem_init (to start it, or to attach), so we finalise */
   int peer_failed;  /* a handle timed out: skip collective teardown that would wait forever */
   char err[MC_ERRTEXT_LEN];
 };

@@ -118,6 +118,37 @@ int test_gpu_prep_passes(void) {
   return 0;
 }
 
+/* An application that started NVSHMEM itself (here as PE 0 of 1): the
+ * communicator attaches instead of starting it again, the kernels run on
+ * that NVSHMEM and match the reference, and destroying the communicator
+ * leaves NVSHMEM to the application, which finalises it. Ranks as threads:
+ * the test process is the application. */
+int test_gpu_nvshmem_attach(void) {
+  REQUIRE_GPU();
+#ifdef MC_REF_NVSHMEM
+  if (gpu_transport() != MC_TRANSPORT_NVSHMEM) {
+    printf("skipped: attach is an nvshmem transport matter\n");
+    return MC_TEST_SKIP;
+  }
+  MC_CHECK(mc_ref_nvshmem_init_alone(0) == 0);
+  mc_case_t c;
+  small_case(&c, 1, 1, 50);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  o.transport = MC_TRANSPORT_NVSHMEM; /* o.processes stays 0: ranks are threads of this process */
+  mc_run_result_t res;
+  int failed = mc_run(&c, &o, &res);
+  MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+  mc_run_free(&res);
+  MC_CHECK_MSG(mc_ref_nvshmem_initialized(), "destroying the communicator finalised the application's NVSHMEM");
+  mc_ref_nvshmem_finalize();
+  return 0;
+#else
+  printf("skipped: built without NVSHMEM\n");
+  return MC_TEST_SKIP;
+#endif
+}
+
 int test_gpu_bound_m(void) {
   REQUIRE_GPU();
   mc_case_t c;

@@ -43,12 +43,20 @@ extern "C" mc_result_t mc_nvshmem_comm_init(mc_comm_t *comm) {
   if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
     return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
   if (nvshmemx_init_status() >= NVSHMEM_STATUS_IS_INITIALIZED) {
-    /* The application started NVSHMEM itself: attach if it agrees with us. */
+    /* The application started NVSHMEM itself: attach if it agrees with us.
+     * Attaching is one more (collective, counted) nvshmem_init, matched by
+     * our nvshmem_finalize at destroy. Why at all: NVSHMEM's init lives in
+     * the device library every CUDA module links (nvshmemi_init_thread is
+     * in libnvshmem_device.a), so it sets up the device state of the module
+     * that calls it; this library's kernels read this module's. (The
+     * version without this call was never run: tests/test_gpu.c's attach
+     * test came with it.) */
     if (nvshmem_my_pe() != comm->rank || nvshmem_n_pes() != comm->world_size)
       return mc_fail(comm->err, MC_ERR_INVALID_ARG,
                      "NVSHMEM is already initialised as PE %d of %d, but this communicator is rank %d of %d",
                      nvshmem_my_pe(), nvshmem_n_pes(), comm->rank, comm->world_size);
-    comm->owns_nvshmem = 0;
+    nvshmem_init();
+    comm->owns_nvshmem = 1;
     return MC_SUCCESS;
   }
   /* Unique-id bootstrap over the caller's allgather: rank 0 draws the id. */
@@ -76,8 +84,10 @@ extern "C" mc_result_t mc_nvshmem_comm_init(mc_comm_t *comm) {
 }
 
 extern "C" void mc_nvshmem_comm_fini(mc_comm_t *comm) {
-  /* nvshmem_finalize is collective: after a peer failed it would wait for
-   * that peer forever, so then NVSHMEM is left to process exit */
+  /* our init, started or attached, is matched here (an application's own
+   * init stays: NVSHMEM counts them). nvshmem_finalize is collective: after
+   * a peer failed it would wait for that peer forever, so then NVSHMEM is
+   * left to process exit */
   if (comm->owns_nvshmem && !comm->peer_failed) nvshmem_finalize();
   comm->owns_nvshmem = 0;
 }

@@ -34,4 +34,10 @@ int mc_dev_copy_async(void *dst, const void *src, size_t n, void *stream); /* de
 int mc_dev_graph_launch(void *graph_exec, void *stream);
 void mc_dev_graph_free(void *graph_exec, void *stream);
 
+/* mc_ref_nvshmem.cu (MC_REF_NVSHMEM builds): start NVSHMEM in this process
+ * as PE 0 of 1 on `device`, as an application would; 0 on success */
+int mc_ref_nvshmem_init_alone(int device);
+int mc_ref_nvshmem_initialized(void);
+void mc_ref_nvshmem_finalize(void);
+
 #endif
