@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace|torch] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -38,6 +38,13 @@ if [ "$mode" = probe ]; then
   done
   exit 0
 fi
+if [ "$mode" = torch ]; then
+  # the Python package on the GPU: an MoE layer in PyTorch, EP1 and EP4,
+  # eager and CUDA graph, against a dense reference (python/tests/test_torch_gpu.py)
+  MOECOMM_LIB="$PWD/build-dev/libmoecomm.so" PYTHONPATH="$PWD/python" timeout 400 scripts/mc-launch.sh 4 -- \
+    python3 -m pytest -q -s -p no:cacheprovider python/tests/test_torch_gpu.py python/tests/test_readme.py 2>&1 | tee "$out/torch.txt" | tail -25
+  exit 0
+fi
 if [ "$mode" = trace ]; then
   # the kernels' timeline (MC_GPU_TRACE stamps, scripts/trace_summary.py):
   # where each rank's time goes, EP8 under MPS against one rank alone
@@ -63,7 +70,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_many_rounds"
 [ "$mode" = quick ] && tests="gpu_ep_sizes gpu_stall" && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done

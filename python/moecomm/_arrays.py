@@ -1,4 +1,5 @@
-"""Checking caller arrays (numpy, or torch CPU tensors) before C sees them.
+"""Checking caller arrays (numpy, torch CPU tensors, or torch CUDA tensors on
+a GPU transport) before C sees them.
 
 Every failure raises MoecommInvalid naming the argument. bf16 has no numpy
 dtype: a uint16 array is taken as raw bf16 bits (ml_dtypes' bfloat16 and
@@ -21,8 +22,18 @@ def _is_torch(a):
     return type(a).__module__.startswith("torch")
 
 
-def view(a, name, writeable=False):
-    """A View of a C-contiguous host array; raises MoecommInvalid otherwise."""
+def view(a, name, writeable=False, device=None):
+    """A View of a C-contiguous array; raises MoecommInvalid otherwise.
+    device None: host memory (numpy, CPU tensor); an int: a torch CUDA tensor
+    on that device (what a GPU transport reads and writes)."""
+    if device is not None:
+        if not _is_torch(a) or a.device.type != "cuda" or a.device.index != device:
+            where = f"device {a.device}" if _is_torch(a) else type(a).__name__
+            raise invalid(f"{name}: must be a torch tensor on cuda:{device}, the communicator's GPU (got {where})")
+        if not a.is_contiguous():
+            raise invalid(f"{name}: must be contiguous")
+        dt = str(a.dtype)
+        return View(a.data_ptr(), tuple(a.shape), a.element_size(), _TORCH_TAGS.get(dt, dt))
     if isinstance(a, np.ndarray):
         if not a.flags.c_contiguous:
             raise invalid(f"{name}: must be C-contiguous")

@@ -1,4 +1,5 @@
-"""AllToAll: mc_a2a_t, dispatch and combine over numpy arrays / torch CPU tensors."""
+"""AllToAll: mc_a2a_t, dispatch and combine over numpy arrays / torch CPU
+tensors (cpu transport) or torch CUDA tensors (GPU transports)."""
 import ctypes as C
 
 import numpy as np
@@ -23,6 +24,19 @@ def dtype_name(d, name):
     if s not in DTYPES:
         raise invalid(f"{name}={d!r}: expected one of fp32, bf16, fp16")
     return s
+
+
+_TORCH_OF = {}  # numpy dtype name -> torch dtype, filled on first GPU use
+
+
+def _itemsize(dtype):
+    return dtype.itemsize if hasattr(dtype, "is_floating_point") else np.dtype(dtype).itemsize
+
+
+def _fill_torch_of():
+    import torch
+    _TORCH_OF.update({"uint8": torch.uint8, "int32": torch.int32, "float32": torch.float32,
+                      "float16": torch.float16, "uint16": torch.bfloat16, "int8": torch.int8})
 
 
 def _flags(do_send, do_recv):
@@ -53,6 +67,8 @@ class AllToAll:
         self._create(cfg)
 
     def _create(self, cfg):
+        # GPU transports: every array is a torch CUDA tensor on the comm's device
+        self._dev = self.comm.device if self.comm.transport in ("nvshmem", "p2p") else None
         h = C.c_void_p()
         check(lib.mc_a2a_create(self.comm.handle, C.byref(cfg), C.byref(h)), self.comm.last_error)
         self._h, self.config = h, cfg
@@ -79,40 +95,73 @@ class AllToAll:
         check(lib.mc_a2a_get_stats(self._h, C.byref(st)), self.last_error)
         return {name: getattr(st, name) for name, _ in _capi.A2AStats._fields_ if name != "size"}
 
-    # ---- output allocation (once, not per call) ----
+    # ---- output allocation (once, not per call): numpy on the cpu
+    # transport, torch CUDA tensors on the comm's device on a GPU one ----
+    def _empty(self, shape, dtype, zero=False):
+        if self._dev is None:
+            return np.zeros(shape, dtype) if zero else empty_aligned(shape, dtype)
+        import torch
+        if not _TORCH_OF:
+            _fill_torch_of()
+        td = dtype if isinstance(dtype, torch.dtype) else _TORCH_OF[np.dtype(dtype).name]
+        f = torch.zeros if zero else torch.empty
+        return f(shape, dtype=td, device=f"cuda:{self._dev}")
+
     def alloc_expert_num_tokens(self):
-        return np.zeros(self.num_local_experts, dtype=np.int32)
+        return self._empty((self.num_local_experts,), np.int32, zero=True)
 
     def alloc_expert_x(self, dtype=np.uint8):
         """[num_local_experts][expert_capacity][token_bytes / itemsize] of `dtype`."""
-        n = self.config.token_bytes // np.dtype(dtype).itemsize
-        return empty_aligned((self.num_local_experts, self.expert_capacity, n), dtype)
+        n = self.config.token_bytes // _itemsize(dtype)
+        return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
     def alloc_expert_x_scale(self, dtype=np.float32):
         """[num_local_experts][expert_capacity][scale_bytes / itemsize], or None without scales."""
         if self.config.scale_bytes == 0:
             return None
-        n = self.config.scale_bytes // np.dtype(dtype).itemsize
-        return empty_aligned((self.num_local_experts, self.expert_capacity, n), dtype)
+        n = self.config.scale_bytes // _itemsize(dtype)
+        return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
     def alloc_expert_y(self):
-        """[num_local_experts][expert_capacity][hidden] in combine_in_dtype's numpy storage."""
-        return empty_aligned((self.num_local_experts, self.expert_capacity, self.config.hidden),
-                             NP_STORAGE[self.in_dtype])
+        """[num_local_experts][expert_capacity][hidden] in combine_in_dtype (numpy storage on
+        the cpu transport: bf16 as uint16 bits; the torch dtype on a GPU)."""
+        return self._empty((self.num_local_experts, self.expert_capacity, self.config.hidden),
+                           self._storage(self.in_dtype))
 
     def alloc_out_tokens(self, m=None):
-        """[m or max_tokens][hidden] in combine_out_dtype's numpy storage."""
+        """[m or max_tokens][hidden] in combine_out_dtype (as alloc_expert_y)."""
         rows = self.config.max_tokens if m is None else int(m)
-        return empty_aligned((rows, self.config.hidden), NP_STORAGE[self.out_dtype])
+        return self._empty((rows, self.config.hidden), self._storage(self.out_dtype))
+
+    def _storage(self, d):
+        if self._dev is None:
+            return NP_STORAGE[d]
+        import torch
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[d]
+
+    def _stream(self, stream):
+        """The cudaStream_t to pass: the caller's (a torch.cuda.Stream or a raw
+        handle), else torch's current stream on the comm's device."""
+        if self._dev is None:
+            if stream is not None:
+                raise invalid("stream: only GPU transports take a stream")
+            return None
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream(self._dev)
+        return getattr(stream, "cuda_stream", stream) or None
 
     # ---- argument marshalling ----
     def _bound_ptr(self, bound_m):
         if bound_m is None:
             return None
         if isinstance(bound_m, (int, np.integer)):
+            if self._dev is not None:
+                raise invalid("bound_m: on a GPU transport pass a one-element int32 CUDA tensor "
+                              "(the kernels read it on the device)")
             self._bound.value = int(bound_m)
             return C.addressof(self._bound)
-        v = view(bound_m, "bound_m")
+        v = view(bound_m, "bound_m", device=self._dev)
         need_tag(v, "bound_m", "int32")
         if int(np.prod(v.shape)) != 1:
             raise invalid(f"bound_m: expected one int32 element, got shape {tuple(v.shape)}")
@@ -120,19 +169,19 @@ class AllToAll:
 
     def _send_args(self, dp_x, dp_x_scale, indices, weights):
         cfg = self.config
-        iv = view(indices, "indices")
+        iv = view(indices, "indices", device=self._dev)
         need_tag(iv, "indices", "int32")
         if len(iv.shape) != 2 or iv.shape[1] != cfg.experts_per_token:
             raise invalid(f"indices: shape must be (m, {cfg.experts_per_token}), got {tuple(iv.shape)}")
         m = iv.shape[0]
-        xv = view(dp_x, "dp_x")
+        xv = view(dp_x, "dp_x", device=self._dev)
         need_lead(xv, "dp_x", (m,))
         need_row_bytes(xv, "dp_x", 1, cfg.token_bytes, "token_bytes")
         need_align(xv, "dp_x", 16)
         sp = self._scale_ptr(dp_x_scale, "dp_x_scale", (m,))
         wp = None
         if weights is not None:
-            wv = view(weights, "weights")
+            wv = view(weights, "weights", device=self._dev)
             need_tag(wv, "weights", "fp32")
             if tuple(wv.shape) != tuple(iv.shape):
                 raise invalid(f"weights: shape must equal indices' {tuple(iv.shape)}, got {tuple(wv.shape)}")
@@ -146,7 +195,7 @@ class AllToAll:
             return None
         if arr is None:
             raise invalid(f"{name}: required (scale_bytes={self.config.scale_bytes})")
-        v = view(arr, name, writeable=name.startswith("out"))
+        v = view(arr, name, writeable=name.startswith("out"), device=self._dev)
         need_lead(v, name, lead)
         need_row_bytes(v, name, len(lead), self.config.scale_bytes, "scale_bytes")
         need_align(v, name, 4)
@@ -154,11 +203,11 @@ class AllToAll:
 
     def _recv_args(self, out_expert_num_tokens, out_expert_x, out_expert_x_scale):
         L, cap = self.num_local_experts, self.expert_capacity
-        cv = view(out_expert_num_tokens, "out_expert_num_tokens", writeable=True)
+        cv = view(out_expert_num_tokens, "out_expert_num_tokens", writeable=True, device=self._dev)
         need_tag(cv, "out_expert_num_tokens", "int32")
         if tuple(cv.shape) != (L,):
             raise invalid(f"out_expert_num_tokens: shape must be ({L},), got {tuple(cv.shape)}")
-        xv = view(out_expert_x, "out_expert_x", writeable=True)
+        xv = view(out_expert_x, "out_expert_x", writeable=True, device=self._dev)
         need_lead(xv, "out_expert_x", (L, cap))
         need_row_bytes(xv, "out_expert_x", 2, self.config.token_bytes, "token_bytes")
         need_align(xv, "out_expert_x", 16)
@@ -167,13 +216,15 @@ class AllToAll:
 
     # ---- the two calls ----
     def dispatch(self, out_expert_num_tokens, out_expert_x, out_expert_x_scale, dp_x, dp_x_scale,
-                 indices, bound_m=None, do_send=True, do_recv=True, *, weights=None):
+                 indices, bound_m=None, do_send=True, do_recv=True, *, weights=None, stream=None):
         """mc_dispatch. Send half reads dp_x [m][...token_bytes], dp_x_scale,
         indices int32 [m][k], weights fp32 [m][k] (None: all 1.0; they travel
         with the token and are used by combine), bound_m (None, an int, or a
         one-element int32 array). Recv half writes out_expert_x
         [L][capacity][...], out_expert_x_scale, out_expert_num_tokens int32 [L].
-        For split halves pass the same arrays to both calls."""
+        For split halves pass the same arrays to both calls. On a GPU
+        transport every array is a CUDA tensor on the comm's device and the
+        call is queued on `stream` (default: torch's current stream)."""
         flags = _flags(do_send, do_recv)
         m, tok, sc, idx, w, bp = 0, None, None, None, None, None
         if do_send:
@@ -182,11 +233,12 @@ class AllToAll:
         ex = exs = cnt = None
         if do_recv:
             ex, exs, cnt = self._recv_args(out_expert_num_tokens, out_expert_x, out_expert_x_scale)
-        check(lib.mc_dispatch(self._h, tok, sc, idx, w, m, bp, ex, exs, cnt, flags, None), self.last_error)
+        st = self._stream(stream)
+        check(lib.mc_dispatch(self._h, tok, sc, idx, w, m, bp, ex, exs, cnt, flags, st), self.last_error)
         if do_send:
             self._m = m
 
-    def combine(self, out_tokens, expert_y, do_send=True, do_recv=True):
+    def combine(self, out_tokens, expert_y, do_send=True, do_recv=True, *, stream=None):
         """mc_combine. Send half reads expert_y [L][capacity][hidden] in
         combine_in_dtype; recv half writes out_tokens [>= m][hidden] in
         combine_out_dtype (rows up to the dispatch's bound_m). Indices and
@@ -194,7 +246,7 @@ class AllToAll:
         flags = _flags(do_send, do_recv)
         yp = op = None
         if do_send:
-            yv = view(expert_y, "expert_y")
+            yv = view(expert_y, "expert_y", device=self._dev)
             need_tag(yv, "expert_y", self.in_dtype)
             need_lead(yv, "expert_y", (self.num_local_experts, self.expert_capacity))
             if tuple(yv.shape[2:]) != (self.config.hidden,):
@@ -204,10 +256,10 @@ class AllToAll:
             yp = yv.ptr
         if do_recv:
             op = self._out_ptr(out_tokens)
-        check(lib.mc_combine(self._h, yp, op, flags, None), self.last_error)
+        check(lib.mc_combine(self._h, yp, op, flags, self._stream(stream)), self.last_error)
 
     def _out_ptr(self, out_tokens):
-        ov = view(out_tokens, "out_tokens", writeable=True)
+        ov = view(out_tokens, "out_tokens", writeable=True, device=self._dev)
         need_tag(ov, "out_tokens", self.out_dtype)
         if len(ov.shape) != 2 or ov.shape[1] != self.config.hidden:
             raise invalid(f"out_tokens: shape must be (m, {self.config.hidden}), got {tuple(ov.shape)}")

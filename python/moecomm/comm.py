@@ -22,8 +22,9 @@ def _config(group_size, transport, timeout_ms, device):
 
 class Communicator:
     """A communicator over an allgather. Collective: every rank creates it
-    with the same group_size and transport. The Python layer passes host
-    memory, so the transport defaults to "cpu".
+    with the same group_size and transport. The transport defaults to "cpu"
+    (numpy arrays, CPU tensors); "nvshmem" takes torch CUDA tensors on
+    `device` (default: torch's current device).
 
     `Communicator(allgather, rank, world_size)` takes a Python callable
     `allgather(data: bytes) -> bytes` (world_size * len(data) bytes, rank
@@ -67,6 +68,10 @@ class Communicator:
 
     def _create(self, oob, keepalive, group_size=1, transport="cpu", timeout_ms=0, device=-1, owned=None):
         self._h, self._oob, self._keep, self._owned = None, oob, keepalive, owned
+        if transport in ("nvshmem", "p2p") and device < 0:  # the GPU torch is on: tensors live there
+            import torch
+            device = torch.cuda.current_device()
+        self.device = int(device)  # -1: none (cpu transport)
         cfg = _config(group_size, transport, timeout_ms, device)
         h = C.c_void_p()
         rc = lib.mc_comm_create(C.byref(oob), C.byref(cfg), C.byref(h))
