@@ -19,7 +19,7 @@ build:
 run: build
 	./scripts/run.sh $(BUILD) $(ARGS)
 
-test: test-fast test-python test-asan test-tsan test-valgrind test-install
+test: test-fast test-python test-asan test-tsan test-valgrind test-install test-p2p-only
 	@echo "make test: every suite passed"
 
 test-fast: build
@@ -45,5 +45,15 @@ test-python: build
 test-install: build
 	./scripts/check_install.sh $(BUILD)
 
+# The GPU build without NVSHMEM (p2p only, where nvcc exists): it must build,
+# pass the suite, and not link NVSHMEM (a single-node user installs only CUDA).
+test-p2p-only:
+	@if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  cmake -S . -B build-p2p -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMC_NVSHMEM=OFF -DMC_CUDA_ARCHITECTURES=90 > /dev/null && \
+	  cmake --build build-p2p -j$(JOBS) && \
+	  ! ldd build-p2p/libmoecomm.so | grep -i nvshmem && \
+	  (cd build-p2p && ctest --output-on-failure -j$(JOBS)); \
+	else echo "test-p2p-only: no nvcc, skipped"; fi
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-p2p

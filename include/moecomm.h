@@ -173,7 +173,8 @@ typedef struct mc_comm_config {
 
 /* Collective over the oob: every rank calls it with the same group_size and
  * transport. Picks the transport (AUTO: the best this build and machine
- * offer; mc_comm_transport() says which). The comm keeps a copy of *oob and
+ * offer: with a GPU, p2p when every rank is on this host, else nvshmem;
+ * without, cpu; mc_comm_transport() says which). The comm keeps a copy of *oob and
  * uses its allgather here and in mc_a2a_create; the oob must stay alive
  * until mc_comm_destroy returns. On failure *out is NULL and
  * mc_last_error() has the details. */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace|torch] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -36,6 +36,29 @@ if [ "$mode" = probe ]; then
       echo "== EP8 t=$t whole $g: $(grep -E '^ *(dispatch|combine) ' "$out/whole-t$t$g.txt" | tr -s ' ' | tr '\n' ';')"
     done
   done
+  exit 0
+fi
+if [ "$mode" = p2p ]; then
+  # the p2p transport: every GPU test over it, then both transports' EP8
+  # benchmark in one run (nvshmem with its dense baseline)
+  for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes \
+           gpu_many_rounds; do
+    s=$(date +%s)
+    if MC_TEST_TRANSPORT=p2p timeout 120 $L build-dev/mc_tests "$t" > "$out/test-p2p-$t.log" 2>&1; then r=PASS
+    else r="FAIL($?)"; tail -8 "$out/test-p2p-$t.log"; fi
+    echo "p2p $t $r $(( $(date +%s) - s ))s" | tee -a "$out/summary.txt"
+  done
+  timeout 60 $L build-dev/mc_tests gpu_ep_sizes > "$out/test-nvshmem-gpu_ep_sizes.log" 2>&1 && echo "nvshmem gpu_ep_sizes PASS" || echo "nvshmem gpu_ep_sizes FAIL"
+  for tp in p2p nvshmem; do
+    for t in 1 128; do
+      timeout 120 $L build-dev/mc-bench --transport $tp --json -t $t -r 200 -w 20 > "$out/bench-$tp-t$t.json" 2>"$out/bench-$tp-t$t.err"
+      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); l=j['latency_us']; d=j.get('dense_alltoall',{}); print(sys.argv[2], j['config']['tokens'], 'disp', l['dispatch']['median'], {k: l[k]['median'] for k in ('dispatch send','dispatch recv','combine send','combine recv')}, 'comb', l['combine']['median'], 'dense', d.get('median_us'), j['verdict'])" "$out/bench-$tp-t$t.json" $tp 2>&1 | tail -1
+    done
+  done
+  # and the README's PyTorch example, as written
+  MOECOMM_LIB="$PWD/build-dev/libmoecomm.so" PYTHONPATH="$PWD/python" timeout 200 scripts/mc-launch.sh 4 -- \
+    python3 -m pytest -q -p no:cacheprovider python/tests/test_readme.py 2>&1 | tail -3
+  (cd "$out" && tar czf p2p-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
   exit 0
 fi
 if [ "$mode" = torch ]; then
@@ -78,30 +101,36 @@ for t in $tests; do run_test "$t"; done
 # (what a NIC carries), system-scope signals (what several GPUs need)
 run_test gpu_ep_sizes MC_GPU_STAGED=1
 run_test gpu_ep_sizes MC_GPU_SCOPE=sys
+# the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
+for t in $tests; do [ "$t" = gpu_nvshmem_attach ] || run_test "$t" MC_TEST_TRANSPORT=p2p; done
 
 if [ "$mode" = tests ]; then
   printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
   exit 0
 fi
 if [ "$mode" = full ] && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    s=$(date +%s)
-    if MC_NO_MPS=1 timeout 300 $L compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
-         build-dev/mc-bench --transport nvshmem -n 2 -t 8 -e 16 -k 4 --hidden 256 -r 2 -w 1 --no-dense \
-         > "$out/sanitizer-$tool.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-    results+=("sanitizer-$tool $r $(( $(date +%s) - s ))s")
-    [ "$r" = PASS ] || grep -E "=========" "$out/sanitizer-$tool.log" | head -12
+  for tp in nvshmem p2p; do
+    for tool in memcheck racecheck; do
+      s=$(date +%s)
+      if MC_NO_MPS=1 timeout 300 $L compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
+           build-dev/mc-bench --transport $tp -n 2 -t 8 -e 16 -k 4 --hidden 256 -r 2 -w 1 --no-dense \
+           > "$out/sanitizer-$tp-$tool.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+      results+=("sanitizer-$tp-$tool $r $(( $(date +%s) - s ))s")
+      [ "$r" = PASS ] || grep -E "=========" "$out/sanitizer-$tp-$tool.log" | head -12
+    done
   done
 fi
 
-bench() { # name args...
+bench() { # name args... (BT: the transport, default nvshmem)
   local name=$1; shift
-  timeout 300 $L build-dev/mc-bench --transport nvshmem --json "$@" > "$out/bench-$name.json" 2> "$out/bench-$name.err" ||
+  timeout 300 $L build-dev/mc-bench --transport "${BT:-nvshmem}" --json "$@" > "$out/bench-$name.json" 2> "$out/bench-$name.err" ||
     echo "{\"failed\": \"$name\"}" >> "$out/bench-$name.json"
 }
 tok_list="1 8 32 128 512"
 [ "$mode" = quick ] && tok_list="1 128"
 for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
+# p2p in the same run: the same points (its dense baseline is nvshmem's above)
+for t in $tok_list; do BT=p2p bench "p2p-dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
 if [ "$mode" = full ]; then
   # the same calls with no CUDA event between a send and its recv (under
@@ -134,7 +163,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
     if "failed" in j: print(os.path.basename(f), "FAILED"); continue
     l = j["latency_us"]; d = j.get("dense_alltoall", {})
     for h in ("dispatch send", "dispatch recv", "combine send", "combine recv"): l.setdefault(h, {"median": 0.0})
-    print(f'{os.path.basename(f)[6:-5]:12s} t={j["config"]["tokens"]:4d} disp {l["dispatch"]["median"]:8.1f} (s {l["dispatch send"]["median"]:6.1f} r {l["dispatch recv"]["median"]:7.1f}) '
+    print(f'{os.path.basename(f)[6:-5]:14s} t={j["config"]["tokens"]:4d} disp {l["dispatch"]["median"]:8.1f} (s {l["dispatch send"]["median"]:6.1f} r {l["dispatch recv"]["median"]:7.1f}) '
           f'comb {l["combine"]["median"]:8.1f} (s {l["combine send"]["median"]:6.1f} r {l["combine recv"]["median"]:7.1f}) '
           f'dense {d.get("median_us", 0):8.1f}  buf {j["buffer_bytes_per_rank"]/2**20:6.1f}MiB {j["verdict"]}')
 PY

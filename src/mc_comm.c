@@ -1,7 +1,9 @@
 /* mc_comm.c - the communicator: who am I, how many of us, which transport,
  * and the out-of-band collectives everything else bootstraps with. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mc_internal.h"
 
@@ -33,13 +35,26 @@ static int env_timeout_ms(void) {
   return (*end == '\0' && t > 0 && t <= 86400000L) ? (int)t : MC_DEFAULT_TIMEOUT_MS;
 }
 
-/* What every rank must agree on; compared after one allgather. */
+/* What every rank must agree on, compared after one allgather; plus the
+ * host each is on (not compared: auto picks p2p when all are on one). */
 typedef struct {
   int world_size, group_size, transport, version;
+  uint64_t host;
 } comm_agreement_t;
 
-#ifdef MC_HAVE_NVSHMEM
+/* FNV-1a of the host name: ranks on one host give the same value */
+static uint64_t host_id(void) {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  return h;
+}
+
+#ifdef MC_HAVE_CUDA
 int mc_gpu_present(void);
+#endif
+#ifdef MC_HAVE_NVSHMEM
 mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup,
                                       float *times_us);
 #endif
@@ -63,16 +78,20 @@ const mc_transport_ops_t *mc_transport_ops(mc_transport_t t) {
 #ifdef MC_HAVE_NVSHMEM
   if (t == MC_TRANSPORT_NVSHMEM) return &mc_nvshmem_ops;
 #endif
+#ifdef MC_HAVE_CUDA
+  if (t == MC_TRANSPORT_P2P) return &mc_p2p_ops;
+#endif
   return NULL;
 }
 
 static mc_result_t pick_transport(mc_transport_t want, mc_transport_t *got) {
   switch (want) {
   case MC_TRANSPORT_AUTO:
-    /* the best this build and machine offer: a GPU transport where a GPU is */
-#ifdef MC_HAVE_NVSHMEM
+    /* the best this build and machine offer: a GPU transport where a GPU is
+     * (which one is settled after the ranks' allgather: resolve_auto) */
+#ifdef MC_HAVE_CUDA
     if (mc_gpu_present()) {
-      *got = MC_TRANSPORT_NVSHMEM;
+      *got = MC_TRANSPORT_AUTO;
       return MC_SUCCESS;
     }
 #endif
@@ -84,7 +103,7 @@ static mc_result_t pick_transport(mc_transport_t want, mc_transport_t *got) {
     if (!mc_transport_ops(want))
       return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' is not built into this libmoecomm",
                          mc_transport_name(want));
-#ifdef MC_HAVE_NVSHMEM
+#ifdef MC_HAVE_CUDA
     if (want != MC_TRANSPORT_CPU && !mc_gpu_present())
       return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' needs a CUDA device and this process sees none",
                          mc_transport_name(want));
@@ -115,7 +134,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
                        config->group_size, oob->world_size);
   if (config->timeout_ms < 0)
     return mc_fail_tls(MC_ERR_INVALID_ARG, "config->timeout_ms=%d is negative", config->timeout_ms);
-  mc_transport_t transport;
+  mc_transport_t transport = MC_TRANSPORT_CPU;
   mc_result_t rc = pick_transport(config->transport, &transport);
   if (rc != MC_SUCCESS) return rc;
 
@@ -130,18 +149,33 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm->oob = *oob;
 
   /* Every rank must agree, or the first dispatch would corrupt memory. */
-  comm_agreement_t mine = {comm->world_size, comm->group_size, (int)transport, MC_VERSION};
+  comm_agreement_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.world_size = comm->world_size, mine.group_size = comm->group_size, mine.transport = (int)transport;
+  mine.version = MC_VERSION, mine.host = host_id();
   comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
-  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
+  int one_host = 1;
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
+    one_host &= all[r].host == mine.host;
+    all[r].host = mine.host; /* compared apart */
     if (memcmp(&all[r], &mine, sizeof mine) != 0)
       rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
                    "rank %d disagrees with rank %d: world_size %d/%d, group_size %d/%d, "
                    "transport %d/%d, version %d/%d",
                    r, comm->rank, all[r].world_size, mine.world_size, all[r].group_size,
                    mine.group_size, all[r].transport, mine.transport, all[r].version, mine.version);
+  }
   free(all);
+  /* auto with a GPU: p2p when every rank is on this host (peer-mapped memory
+   * reaches them all; a2a create says so if one cannot be mapped), else
+   * nvshmem. mc_comm_transport() reports the choice. */
+  if (transport == MC_TRANSPORT_AUTO)
+    transport = one_host && mc_transport_ops(MC_TRANSPORT_P2P) ? MC_TRANSPORT_P2P
+                : mc_transport_ops(MC_TRANSPORT_NVSHMEM)       ? MC_TRANSPORT_NVSHMEM
+                                                               : MC_TRANSPORT_CPU;
+  comm->transport = transport;
   const mc_transport_ops_t *ops = mc_transport_ops(transport);
   if (rc == MC_SUCCESS && ops->comm_init) rc = ops->comm_init(comm);
   if (rc != MC_SUCCESS) {

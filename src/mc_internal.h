@@ -83,6 +83,9 @@ struct mc_transport_ops {
 };
 
 extern const mc_transport_ops_t mc_cpu_ops;
+#ifdef MC_HAVE_CUDA
+extern const mc_transport_ops_t mc_p2p_ops;
+#endif
 #ifdef MC_HAVE_NVSHMEM
 extern const mc_transport_ops_t mc_nvshmem_ops;
 #endif

@@ -68,6 +68,9 @@ int test_comm_rules(void) {
   cc.transport = MC_TRANSPORT_NVSHMEM;
   MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_UNSUPPORTED);
   MC_CHECK(strstr(mc_last_error(), "nvshmem") != NULL);
+  cc.transport = MC_TRANSPORT_P2P; /* no GPU here (or no GPU build): refused the same way */
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_UNSUPPORTED);
+  MC_CHECK(strstr(mc_last_error(), "p2p") != NULL);
   cc.transport = (mc_transport_t)17;
   MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_INVALID_ARG);
   MC_CHECK_RC(mc_comm_create(NULL, &cc, &comm), MC_ERR_INVALID_ARG);

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
       "  -r, --rounds R        timed rounds                               [20]\n"
       "  -w, --warmup W        untimed rounds first                       [3]\n"
       "  -s, --seed S          input seed                                 [1]\n"
-      "      --transport T     cpu, nvshmem or auto                       [cpu]\n"
+      "      --transport T     cpu, nvshmem, p2p or auto                  [cpu]\n"
       "      --processes       ranks as processes (socket bootstrap), not threads\n"
       "      --check-first N   GPU: check the first N rounds and the last [5]\n"
       "      --no-dense        GPU: skip the dense all-to-all baselines\n"
@@ -138,8 +138,9 @@ int main(int argc, char **argv) {
     case O_TRANSPORT:
       if (!strcmp(optarg, "cpu")) o.transport = MC_TRANSPORT_CPU;
       else if (!strcmp(optarg, "nvshmem")) o.transport = MC_TRANSPORT_NVSHMEM;
+      else if (!strcmp(optarg, "p2p")) o.transport = MC_TRANSPORT_P2P;
       else if (!strcmp(optarg, "auto")) o.transport = MC_TRANSPORT_AUTO;
-      else return fprintf(stderr, "--transport: cpu, nvshmem or auto\n"), 2;
+      else return fprintf(stderr, "--transport: cpu, nvshmem, p2p or auto\n"), 2;
       break;
     case O_CHECKFIRST: o.check_first = atoi(optarg); break;
     case O_NODENSE: dense = 0; break;
@@ -161,7 +162,7 @@ int main(int argc, char **argv) {
   }
 
   if ((o.graph_timed || o.whole) && o.transport == MC_TRANSPORT_CPU)
-    return fprintf(stderr, "--graph, --whole: GPU timing modes (--transport nvshmem)\n"), 2;
+    return fprintf(stderr, "--graph, --whole: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
   if (sizes_only) { /* what the one layout header says a rank allocates */
     printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
            "\"group_size\": %d, \"world_size\": [",
@@ -181,9 +182,10 @@ int main(int argc, char **argv) {
     printf("]}\n");
     return 0;
   }
-  const int gpu = o.transport == MC_TRANSPORT_NVSHMEM;
+  const int gpu = o.transport == MC_TRANSPORT_NVSHMEM || o.transport == MC_TRANSPORT_P2P;
+  if (o.transport == MC_TRANSPORT_P2P) dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */
   if (gpu) {
-    o.processes = 1; /* one process per rank: NVSHMEM's PEs */
+    o.processes = 1; /* one process per rank, as an engine runs them (NVSHMEM: one PE each) */
     /* the dense baseline: every rank sends every peer num_local_experts x
      * max_tokens padded records (token + scale bytes) */
     if (dense) o.dense_bytes = (size_t)(c.num_experts / c.world_size) * c.max_tokens * (c.token_bytes + c.scale_bytes);

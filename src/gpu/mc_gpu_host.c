@@ -74,8 +74,7 @@ void mc_gpu_free(mc_gpu_t *g) {
   if (g->trace_file) fclose(g->trace_file);
   if (g->ws) cudaFree(g->ws);
   if (g->err_h) cudaFreeHost(g->err_h);
-  free(g->peers);
-  free(g);
+  free(g); /* g->peers is the transport's to free */
 }
 
 mc_result_t mc_gpu_create(mc_a2a_t *a2a) {

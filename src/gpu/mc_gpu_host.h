@@ -16,7 +16,8 @@ typedef struct mc_gpu {
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
-  void *peers;             /* transport-specific */
+  void *peers;             /* kernel argument: p2p's device table of peer windows */
+  void *tstate;            /* the transport's own host state (p2p: mappings) */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
   void *trace_file;        /* FILE *: one line per mc_a2a_check */
   uint64_t trace_rounds;

@@ -370,7 +370,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
  * ncu, one rank alone, 128 tokens: the kernel is a chain of ~2600
  * dependent instructions per warp at ~16 cycles each, so their count is
  * its time (perf-notes). */
-__global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
   switch (a.s.topk) {
   case 8: mc_dispatch_prep_body(a, 8); break;
   case 4: mc_dispatch_prep_body(a, 4); break;
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t
 
 /* ---- dispatch-send, part 2a: pack payloads into staging (whole grid),
  * launched only when some peer is reached by puts ---- */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -423,7 +423,7 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
  * buffers), then its record counter is bumped with a release; any other
  * gets the staged record by put-with-signal. Direct records are counted
  * per block and signalled at the end (mc_block_signal_counts). */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -483,7 +483,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
  * records in (source, index) order, wait until that source's records have
  * all landed, and copy payload and scales into their slots. The last block
  * to finish moves the running totals on. */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -657,7 +657,7 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
 /* One inlined copy of the body per wire dtype: with the dtype a constant,
  * each copy holds only its own loads and conversions in registers (one
  * generic body needed 225 registers per thread, one block per SM). */
-__global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   switch (a.in_dtype) {
   case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
@@ -727,7 +727,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
 }
 
 /* per (wire, output) dtype pair, as for combine-send */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
 #define MC_CRECV_CASE(in, out)                                                                                         \
   if (a.in_dtype == in && a.out_dtype == out) return mc_combine_recv_body(a, in, out);
@@ -743,7 +743,7 @@ __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
  * peer's slot, then waits for every peer's. Counts only grow, so a SET of
  * call n+1 cannot be confused with call n's. ---- */
-__global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const uint64_t n = (uint64_t)sc[MC_WS_BARRIERS] + 1;

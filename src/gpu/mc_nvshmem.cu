@@ -36,6 +36,7 @@ static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs
 }
 
 #include "mc_gpu_kernels.cuh"
+#include "mc_gpu_launch.cuh"
 
 /* ---- start-up ---- */
 
@@ -94,12 +95,6 @@ extern "C" void mc_nvshmem_comm_fini(mc_comm_t *comm) {
 
 /* ---- the a2a handle ---- */
 
-static mc_gpu_t *gpu(mc_a2a_t *a2a) { return (mc_gpu_t *)a2a->impl; }
-
-static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
-  return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: %s: %s", a2a->comm->rank, what, cudaGetErrorString(e));
-}
-
 static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
   mc_gpu_t *g = gpu(a2a);
   if (!g) return;
@@ -135,15 +130,8 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   /* peers reached only through puts need records staged first */
   for (int pe = 0; pe < a2a->comm->world_size; pe++)
     if (!g->direct || !nvshmem_ptr(g->win, pe)) g->staged = 1;
-  /* the prep kernel's scan state passes the default 48 KB only near the
-   * limits (4096 experts, 1024 ranks) */
-  if (mc_prep_smem_bytes(&a2a->shape) > (48u << 10) &&
-      (e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)mc_prep_smem_bytes(&a2a->shape))) != cudaSuccess) {
-    nvshmem_a2a_destroy(a2a);
-    return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
-  }
-  rc = mc_gpu_decide_scope(a2a);
+  rc = mc_gpu_kernel_limits(a2a);
+  if (rc == MC_SUCCESS) rc = mc_gpu_decide_scope(a2a);
   if (rc != MC_SUCCESS) {
     nvshmem_a2a_destroy(a2a);
     return rc;
@@ -152,48 +140,9 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
-/* Check what the device recorded, then launch one half's kernels on the
- * caller's stream; a launch error is a CUDA failure of this call. */
-static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, d, c);
-  if (rc != MC_SUCCESS) return rc;
-  mc_gpu_t *g = gpu(a2a);
-  cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
-  switch (half) {
-  case MC_PHASE_DSEND:
-    mc_k_dispatch_prep<<<1, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
-    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-    mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
-    break;
-  case MC_PHASE_DRECV:
-    mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
-    break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka); break;
-  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
-  }
-  cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
-}
-
-static mc_result_t dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_half(a2a, MC_PHASE_DSEND, d, NULL); }
-static mc_result_t drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_half(a2a, MC_PHASE_DRECV, d, NULL); }
-static mc_result_t csend(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CSEND, NULL, c); }
-static mc_result_t crecv(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_half(a2a, MC_PHASE_CRECV, NULL, c); }
-static mc_result_t barrier(mc_a2a_t *a2a, void *stream) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
-  if (rc != MC_SUCCESS) return rc;
-  int threads = a2a->shape.world_size < MC_THREADS ? (a2a->shape.world_size + 31) / 32 * 32 : MC_THREADS;
-  mc_k_barrier<<<1, threads, 0, (cudaStream_t)stream>>>(ka);
-  cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "barrier kernel launch");
-}
-
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
-    dsend,       drecv,                csend,                crecv,              mc_gpu_refresh_stats,
-    mc_gpu_check, barrier,
+    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

@@ -1,0 +1,202 @@
+/* mc_p2p.cu - the p2p transport: each rank's window is device memory it
+ * allocates itself and exports with a CUDA IPC handle; every other rank of
+ * the communicator opens it once (or, for ranks that are threads of one
+ * process, uses its address directly) at create, and the shared kernels
+ * store straight into peers' windows through a table of their addresses.
+ * No NVSHMEM anywhere: a single-node user needs nothing but CUDA.
+ *
+ * Every peer must be mapped: one that cannot be (another host, no peer
+ * access between two GPUs) fails mc_a2a_create on every rank with its name,
+ * never a crash later. So the kernels never take the put path, and the
+ * interface's put/signal calls below are unreachable. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {
+#include "../mc_internal.h"
+#include "mc_gpu_host.h"
+}
+
+/* ---- the device-side transport interface ---- */
+static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs_t *a, int pe) {
+  return ((unsigned char *const *)a->peers)[pe]; /* a small table: cached after the first look */
+}
+/* Unreachable (every peer is mapped, see above); present because the
+ * kernels are written once for both transports. */
+static __device__ __forceinline__ void mc_t_put_signal_warp(const mc_kargs_t *, uint64_t, const void *, uint64_t, int,
+                                                            uint64_t, int, int) {}
+static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *, int, uint64_t, int, int) {}
+
+#include "mc_gpu_kernels.cuh"
+#include "mc_gpu_launch.cuh"
+
+/* What a rank tells the others about its window (one allgather). */
+typedef struct p2p_card {
+  cudaIpcMemHandle_t ipc;
+  uint64_t base;  /* the window's address in its owner's process */
+  uint64_t host;  /* host name hash: IPC handles only open on their host */
+  int32_t pid;    /* same pid and host: a thread of this process, the address works as is */
+  int32_t device; /* CUDA ordinal in its owner's process */
+  int32_t ok;     /* 0: this rank could not export its window */
+} p2p_card_t;
+
+typedef struct p2p_state {
+  unsigned char **peer;   /* [W] each peer's window as this process addresses it */
+  unsigned char *opened;  /* [W] 1: mapped by cudaIpcOpenMemHandle (closed at destroy) */
+  unsigned char **table;  /* the same table in device memory (kernel argument) */
+} p2p_state_t;
+
+static uint64_t host_hash(void) {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  return h;
+}
+
+static mc_result_t p2p_comm_init(mc_comm_t *comm) {
+  if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
+    return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
+  return MC_SUCCESS;
+}
+
+static void p2p_a2a_destroy(mc_a2a_t *a2a) {
+  mc_gpu_t *g = gpu(a2a);
+  if (!g) return;
+  p2p_state_t *p = (p2p_state_t *)g->tstate;
+  cudaDeviceSynchronize();
+  /* Peers write into this window until their last combine: free it only
+   * once every rank is here (each synchronised its device first). After a
+   * timeout a peer may be dead or still writing: then the window is left
+   * mapped to process exit, as the other transports do. */
+  int all_here = !a2a->aborted && mc_comm_barrier(a2a->comm) == MC_SUCCESS;
+  if (p) {
+    for (int r = 0; p->peer && r < a2a->comm->world_size; r++)
+      if (p->opened[r]) cudaIpcCloseMemHandle(p->peer[r]);
+    if (p->table) cudaFree(p->table);
+    free(p->peer);
+    free(p->opened);
+    free(p);
+  }
+  if (g->win && all_here) cudaFree(g->win);
+  mc_gpu_free(g);
+  a2a->impl = NULL;
+}
+
+/* Map every peer's window; on failure *why names the peer and the reason. */
+static int map_peers(mc_a2a_t *a2a, const p2p_card_t *cards, p2p_state_t *p, char *why, size_t n) {
+  const int me = a2a->comm->rank, W = a2a->comm->world_size;
+  const p2p_card_t *mine = &cards[me];
+  for (int r = 0; r < W; r++) {
+    const p2p_card_t *c = &cards[r];
+    if (r == me) {
+      p->peer[r] = (unsigned char *)(uintptr_t)c->base;
+      continue;
+    }
+    if (!c->ok) return snprintf(why, n, "rank %d could not export its window", r), 1;
+    if (c->host != mine->host)
+      return snprintf(why, n, "rank %d is on another host: p2p needs every rank on one node (use nvshmem)", r), 1;
+    if (c->pid == mine->pid) { /* a thread of this process: its address works here */
+      if (c->device != mine->device) {
+        int can = 0;
+        cudaDeviceCanAccessPeer(&can, mine->device, c->device);
+        if (!can) return snprintf(why, n, "GPU %d cannot access rank %d's GPU %d", mine->device, r, c->device), 1;
+        cudaError_t e = cudaDeviceEnablePeerAccess(c->device, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+          return snprintf(why, n, "enabling access to GPU %d (rank %d): %s", c->device, r, cudaGetErrorString(e)), 1;
+        cudaGetLastError(); /* "already enabled" is not an error here */
+      }
+      p->peer[r] = (unsigned char *)(uintptr_t)c->base;
+      continue;
+    }
+    void *ptr = NULL;
+    cudaError_t e = cudaIpcOpenMemHandle(&ptr, c->ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess)
+      return snprintf(why, n, "opening rank %d's window (cudaIpcOpenMemHandle): %s", r, cudaGetErrorString(e)), 1;
+    p->peer[r] = (unsigned char *)ptr;
+    p->opened[r] = 1;
+  }
+  return 0;
+}
+
+static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
+  mc_result_t rc = mc_gpu_create(a2a);
+  if (rc != MC_SUCCESS) return rc;
+  mc_gpu_t *g = gpu(a2a);
+  mc_comm_t *comm = a2a->comm;
+  const int W = comm->world_size;
+  const uint64_t bytes = mc_window_bytes(&a2a->shape);
+  p2p_state_t *p = (p2p_state_t *)calloc(1, sizeof *p);
+  p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
+  g->tstate = p;
+  if (p) {
+    p->peer = (unsigned char **)calloc((size_t)W, sizeof *p->peer);
+    p->opened = (unsigned char *)calloc((size_t)W, 1);
+  }
+  if (!p || !cards || !p->peer || !p->opened) {
+    free(cards);
+    p2p_a2a_destroy(a2a);
+    return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  }
+  /* this rank's window, zeroed (signals start at zero) before anyone can
+   * have its handle, then exported */
+  p2p_card_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.host = host_hash();
+  mine.pid = (int32_t)getpid();
+  cudaGetDevice(&mine.device);
+  cudaError_t e = cudaMalloc((void **)&g->win, bytes);
+  if (e == cudaSuccess) e = cudaMemset(g->win, 0, bytes);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, g->win);
+  mine.ok = e == cudaSuccess;
+  mine.base = (uint64_t)(uintptr_t)g->win;
+  char why[256] = "";
+  if (!mine.ok) snprintf(why, sizeof why, "allocating or exporting its window (%llu bytes): %s",
+                         (unsigned long long)bytes, cudaGetErrorString(e));
+  /* everyone's cards, then everyone's verdict: all ranks fail together */
+  rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
+  int bad = rc != MC_SUCCESS || !mine.ok || map_peers(a2a, cards, p, why + strlen(why), sizeof why - strlen(why));
+  free(cards);
+  int32_t *verdicts = (int32_t *)calloc((size_t)W, sizeof(int32_t));
+  int32_t v = bad;
+  if (rc == MC_SUCCESS && verdicts) rc = mc_comm_allgather(comm, &v, verdicts, sizeof v);
+  int first_bad = -1;
+  for (int r = 0; verdicts && rc == MC_SUCCESS && r < W && first_bad < 0; r++)
+    if (verdicts[r]) first_bad = r;
+  free(verdicts);
+  if (rc == MC_SUCCESS && first_bad >= 0) {
+    rc = first_bad == comm->rank
+             ? mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "p2p: rank %d: %s", comm->rank, why)
+             : mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
+                       "p2p: rank %d cannot map every peer's window (its error names the peer); p2p needs "
+                       "every rank reachable by loads and stores",
+                       first_bad);
+  }
+  if (rc == MC_SUCCESS) {
+    e = cudaMalloc((void **)&p->table, sizeof(unsigned char *) * (size_t)W);
+    if (e == cudaSuccess)
+      e = cudaMemcpy(p->table, p->peer, sizeof(unsigned char *) * (size_t)W, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) rc = cuda_fail(a2a, e, "the peer table");
+  }
+  g->peers = p->table;
+  g->direct = 1; /* MC_GPU_STAGED has no meaning here: there is nothing to put with */
+  g->staged = 0;
+  if (rc == MC_SUCCESS) rc = mc_gpu_kernel_limits(a2a);
+  if (rc == MC_SUCCESS) rc = mc_gpu_decide_scope(a2a);
+  if (rc != MC_SUCCESS) {
+    a2a->aborted = 1; /* peers may have mapped this window: do not free it under them */
+    p2p_a2a_destroy(a2a);
+    return rc;
+  }
+  a2a->stats.buffer_bytes = bytes + mc_workspace_bytes(&a2a->shape);
+  return MC_SUCCESS;
+}
+
+extern "C" const mc_transport_ops_t mc_p2p_ops = {
+    "p2p",        p2p_comm_init, NULL,         p2p_a2a_create, p2p_a2a_destroy, mc_gpu_dsend, mc_gpu_drecv,
+    mc_gpu_csend, mc_gpu_crecv,  mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
+};
