@@ -42,8 +42,7 @@ typedef struct {
   uint64_t host;
 } comm_agreement_t;
 
-/* FNV-1a of the host name: ranks on one host give the same value */
-static uint64_t host_id(void) {
+uint64_t mc_host_id(void) {
   char name[256] = {0};
   gethostname(name, sizeof name - 1);
   uint64_t h = 1469598103934665603ull;
@@ -152,7 +151,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm_agreement_t mine;
   memset(&mine, 0, sizeof mine);
   mine.world_size = comm->world_size, mine.group_size = comm->group_size, mine.transport = (int)transport;
-  mine.version = MC_VERSION, mine.host = host_id();
+  mine.version = MC_VERSION, mine.host = mc_host_id();
   comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);

@@ -49,14 +49,6 @@ typedef struct p2p_state {
   unsigned char **table;  /* the same table in device memory (kernel argument) */
 } p2p_state_t;
 
-static uint64_t host_hash(void) {
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-  return h;
-}
-
 static mc_result_t p2p_comm_init(mc_comm_t *comm) {
   if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
     return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
@@ -145,7 +137,7 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
    * have its handle, then exported */
   p2p_card_t mine;
   memset(&mine, 0, sizeof mine);
-  mine.host = host_hash();
+  mine.host = mc_host_id();
   mine.pid = (int32_t)getpid();
   cudaGetDevice(&mine.device);
   cudaError_t e = cudaMalloc((void **)&g->win, bytes);
