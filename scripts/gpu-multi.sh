@@ -6,8 +6,10 @@
 # and throughput at 4096; raw JSON in $OUT/multi (or ./gpu-multi-out).
 # NVLink multicast stays off (mc-launch.sh sets NVSHMEM_DISABLE_NVLS=1 and
 # NCCL_NVLS_ENABLE=0): on shared hosts it can take the GPUs down.
-# Status: written and checked for syntax on 2026-11-29; not yet run (no
-# machine of several GPUs was in reach of that session).
+# Both GPU transports: every GPU test over nvshmem and over p2p, then each
+# transport's benchmark (p2p's baselines are the nvshmem runs' of the same
+# call). Status: written and checked for syntax on 2026-11-29; not yet run (no
+# machine of several GPUs was lent in those sessions).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-multi-out}/multi
 mkdir -p "$out"
@@ -21,9 +23,13 @@ if ! { cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_B
 fi
 L="scripts/mc-launch.sh $n --"
 results=()
-for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_many_rounds; do
-  if timeout 300 $L build-dev/mc_tests "$t" > "$out/test-$t.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-  results+=("$t $r")
+for tp in nvshmem p2p; do
+  for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes \
+           gpu_many_rounds; do
+    if MC_TEST_TRANSPORT=$tp timeout 300 $L build-dev/mc_tests "$t" > "$out/test-$tp-$t.log" 2>&1; then r=PASS
+    else r="FAIL($?)"; fi
+    results+=("$tp $t $r")
+  done
 done
 for tr in nvshmem p2p; do
   if ! build-dev/mc-bench --help | grep -q "$tr"; then continue; fi

@@ -79,6 +79,8 @@ void mc_gpu_free(mc_gpu_t *g) {
 
 mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   const mc_shape_t *s = &a2a->shape;
+  /* the prep kernel keeps per-warp masks of every expert and rank in shared
+   * memory (mc_gpu_prep.cuh): beyond these it would not fit one block */
   if (s->num_experts > 4096 || s->world_size > 1024)
     return mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
                    "GPU transports support up to 4096 experts and 1024 ranks (num_experts=%d, world_size=%d)",

@@ -1,0 +1,221 @@
+/* mc_gpu_prep.cuh - dispatch-send's first kernel: checks, routes and record
+ * positions, one block. Part of mc_gpu_kernels.cuh (static: compiled into
+ * each GPU transport). */
+#ifndef MC_GPU_PREP_CUH
+#define MC_GPU_PREP_CUH
+
+#include "../mc_route.h"
+#include "mc_gpu_rows.cuh"
+
+/* ---- dispatch-send, part 1: check, route, positions (one block) ----
+ * The prep kernel's scan: MC_PREP_THREADS threads, warps of 32 tokens each,
+ * per-warp lane masks per expert and per destination rank in shared
+ * memory; a pass covers (scanning warps) x 32 tokens. MC_PREP_SMEM caps the
+ * masks, so many experts mean fewer scanning warps, never a failed launch. */
+#define MC_PREP_THREADS 256 /* up to 255 registers: the per-k state of MC_MAX_TOPK stays in them */
+#define MC_PREP_SMEM (40u << 10)
+static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
+  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
+  const size_t fixed = sizeof(uint32_t) * (cols + (size_t)s->world_size); /* running counts, expected rows */
+  size_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (sizeof(uint32_t) * cols) : 1;
+  if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
+  return w < 1 ? 1 : (int)w;
+}
+/* Dynamic shared memory of the two kernels that carve it, beside the carving:
+ * prep: count[E + W], rexp[W], mask[warps][E + W] (more than the default
+ * 48 KB only near the limits of 4096 experts and 1024 ranks: the host then
+ * raises the kernel's limit). */
+static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
+  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
+  return sizeof(uint32_t) * (cols + (size_t)s->world_size + cols * (size_t)mc_prep_warps(s));
+}
+
+/* Checks every valid token's top-k before anything is sent: a bad round
+ * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
+ * token's destination ranks and the rows expected back (all members of a
+ * group need them for combine); for this rank's chunk, gives each record
+ * its position per expert and its index per destination rank in token
+ * order (the order makes the slots deterministic), writes the record
+ * headers into staging, and the metas.
+ * One pass per (scanning warps x 32) tokens, lane t owning token t: it
+ * loads its ids and weights once, checks and routes them, and ORs its bit
+ * into its warp's mask of each of its experts and ranks; its place among
+ * the warp's tokens is then a popcount of the lower lanes, and one thread
+ * per column (expert or rank) turns the warps' counts into running bases.
+ * A few block barriers per pass and one round trip to memory; no serial
+ * walk over tokens (one warp walking them took 20-30 us: perf-notes).
+ * Headers, routes and row counts are written even when a later token turns
+ * out bad: nothing reads them before the next accepted round rewrites them,
+ * and the refused round leaves round number, metas and stats alone. */
+MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  extern __shared__ uint32_t smem[];
+  uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W; /* count: experts then ranks */
+  __shared__ int bad;
+  mc_trace_start(&a, MC_TK_PREP);
+  if (tid == 0) bad = 0;
+  for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
+  const int m_eff = a.bound_m ? *a.bound_m : a.m;
+  /* the round number moves on only once the input is accepted: a refused
+   * round leaves this rank exactly as it was */
+  const uint64_t round = *mc_ws_round(&a) + 1;
+  if (m_eff < 0 || m_eff > a.m) {
+    if (tid == 0) {
+      mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
+      sc[MC_WS_BAD] = 1;
+    }
+    return;
+  }
+  int begin, end;
+  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+  uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
+  for (int base = 0; base < m_eff; base += NW * 32) {
+    for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
+    __syncthreads(); /* the masks (and, first time, the counts) are zero */
+    const int t = base + warp * 32 + lane;
+    const bool mine = warp < NW && t < m_eff;
+    /* Per k, in registers (loops unrolled to MC_MAX_TOPK, guarded by K: no
+     * dynamically indexed arrays, which would live in local memory and make
+     * every step a dependent load): expert id, weight, destination rank,
+     * whether k is the first of its rank (bit k of first), and that rank's
+     * index among the token's distinct ranks, ascending (jpos). */
+    int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
+    float wt[MC_MAX_TOPK];
+    uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first = 0;
+    bool scan = false; /* a valid token of this rank's chunk */
+    if (mine) {
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++)
+        if (k < K) idx[k] = a.indices[(int64_t)t * K + k], wt[k] = a.weights ? a.weights[(int64_t)t * K + k] : 1.0f;
+      int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_check reports it */
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k >= K || bad_k >= 0) continue;
+        if (idx[k] < 0 || idx[k] >= E) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
+#pragma unroll
+        for (int j = 0; j < k; j++)
+          if (bad_k < 0 && idx[j] == idx[k]) bad_k = k, why = MC_ROUTE_DUPLICATE;
+      }
+      if (bad_k >= 0) {
+        int v = 0;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++)
+          if (k == bad_k) v = idx[k];
+        mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT,
+                    MC_PHASE_DSEND, a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+        bad = 1;
+      } else {
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++) {
+          rk[k] = k < K ? idx[k] / L : 0;
+          bool f = k < K;
+#pragma unroll
+          for (int j = 0; j < k; j++) f = f && rk[j] != rk[k];
+          first |= (uint32_t)f << k;
+        }
+        int nd = 0;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++) {
+          jpos[k] = 0;
+#pragma unroll
+          for (int j = 0; j < MC_MAX_TOPK; j++) jpos[k] += (first >> j & 1u) && rk[j] < rk[k];
+          nd += first >> k & 1u;
+        }
+        n_dests[t] = (uint16_t)nd;
+#pragma unroll
+        for (int k = 0; k < MC_MAX_TOPK; k++)
+          if (first >> k & 1u) {
+            dests[(int64_t)t * K + jpos[k]] = (uint16_t)rk[k];
+            atomicAdd(&rexp[rk[k]], 1u);
+          }
+        scan = t >= begin && t < end;
+      }
+    }
+    if (scan) {
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k < K) atomicOr(&wm[idx[k]], 1u << lane);
+        if (first >> k & 1u) atomicOr(&wm[E + rk[k]], 1u << lane);
+      }
+    }
+    __syncwarp();
+    const uint32_t lt = mc_lanemask_lt();
+    if (scan) { /* place among this warp's tokens */
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k < K) pe[k] = __popc(wm[idx[k]] & lt);
+        if (first >> k & 1u) pr[k] = __popc(wm[E + rk[k]] & lt);
+      }
+    }
+    __syncthreads();
+    /* per column, warp by warp: mask -> base of that warp's tokens */
+    for (int c = tid; c < C; c += blockDim.x) {
+      uint32_t run = count[c];
+      for (int w = 0; w < NW; w++) {
+        const uint32_t n = __popc(mask[(size_t)w * C + c]);
+        mask[(size_t)w * C + c] = run;
+        run += n;
+      }
+      count[c] = run;
+    }
+    __syncthreads();
+    if (scan) {
+      mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+      h->token = t;
+      h->n_targets = K;
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++) {
+        if (k >= K) continue;
+        int at = 0; /* ascending expert id: the ids are distinct */
+#pragma unroll
+        for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && idx[j] < idx[k];
+        h->targets[at] = mc_target_t{idx[k], (int32_t)(wm[idx[k]] + pe[k]), wt[k]};
+        if (first >> k & 1u) ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
+      }
+    }
+    __syncthreads(); /* every warp read its bases before the next pass clears the masks */
+  }
+  __syncthreads();
+  mc_trace_point(&a, MC_TK_PREP, 0);
+  if (bad) {
+    if (tid == 0) sc[MC_WS_BAD] = 1;
+    return;
+  }
+  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
+  for (int dst = tid; dst < W; dst += blockDim.x) expect[dst] = rexp[dst];
+  /* the metas: records per destination, then records per its local experts */
+  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
+    const int dst = i / (L + 1), l = i % (L + 1);
+    ((uint32_t *)(a.win + mc_meta_send_off(s, dst)))[l] = l == 0 ? count[E + dst] : count[dst * L + l - 1];
+  }
+  if (tid == 0) {
+    sc[MC_WS_BAD] = 0;
+    sc[MC_WS_M_EFF] = (uint32_t)m_eff;
+    *mc_ws_round(&a) = round; /* later kernels read it */
+    uint64_t recs = 0;
+    for (int dst = 0; dst < W; dst++) recs += count[E + dst];
+    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
+    st[MC_STAT_DREC] += recs;
+    st[MC_STAT_DBYTES] += recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s);
+  }
+  mc_trace_end(&a, MC_TK_PREP);
+}
+/* One inlined copy per common top-k: with K a constant the per-k loops,
+ * unrolled to MC_MAX_TOPK, shrink to K (K x K compares instead of 16 x 16).
+ * ncu, one rank alone, 128 tokens: the kernel is a chain of ~2600
+ * dependent instructions per warp at ~16 cycles each, so their count is
+ * its time (perf-notes). */
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+  switch (a.s.topk) {
+  case 8: mc_dispatch_prep_body(a, 8); break;
+  case 4: mc_dispatch_prep_body(a, 4); break;
+  default: mc_dispatch_prep_body(a, a.s.topk); break;
+  }
+}
+
+#endif
