@@ -226,12 +226,13 @@ MC_API mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config,
 /* Releases the buffers. On the cpu transport it is local: call it after the
  * last combine has returned on every rank (for example after a barrier of the
  * application) so no peer still writes into them. On nvshmem it is
- * collective (NVSHMEM frees symmetric memory collectively). After a timeout
- * nothing collective is attempted (a dead peer would make it wait forever):
- * the cpu transport keeps this rank's window mapped, nvshmem keeps its
- * symmetric window and then skips nvshmem_finalize in mc_comm_destroy;
- * both are leaks on a failure path, reclaimed at process exit. NULL is
- * accepted. */
+ * collective (NVSHMEM frees symmetric memory collectively); on p2p too (a
+ * window is freed once every rank reached destroy, since peers store into
+ * it). After a timeout nothing collective is attempted (a dead peer would
+ * make it wait forever): the cpu and p2p transports keep this rank's window,
+ * nvshmem keeps its symmetric window and then skips nvshmem_finalize in
+ * mc_comm_destroy; these are leaks on a failure path, reclaimed at process
+ * exit. NULL is accepted. */
 MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
 
 /* Slots per local expert that the caller must provide in expert_x,
