@@ -130,8 +130,8 @@ static const char *phase_name(int p) {
   return p >= 0 && p < 5 ? n[p] : "?";
 }
 static const char *slot_name(int s) {
-  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows", "combine entry (round barrier)",
-                            "barrier"};
+  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows, counted in row segments",
+                            "combine entry (round barrier)", "barrier"};
   return s >= 0 && s < 5 ? n[s] : "?";
 }
 

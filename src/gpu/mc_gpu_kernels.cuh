@@ -10,11 +10,11 @@
  *   mc_t_peer_window(a, pe)   rank pe's window as a pointer this GPU can store
  *       to directly (NVLink / same GPU), or NULL (reached only by puts).
  *
- * Where a peer is directly reachable the kernels store into its window and
- * then update its signal with a release RMW (no staging copy); elsewhere
- * they stage and put. a->staged says whether any peer needs staging.
- *
- * and waits use mc_dev_wait_ge on this rank's own window. The protocol is
+ * Where a peer is directly reachable the kernels store into its window and,
+ * once per block, add what they stored to its signal with a release RMW (no
+ * staging copy); elsewhere they stage and put. a->staged says whether any
+ * peer needs staging (never on p2p, where every peer is mapped). Waits use
+ * mc_dev_wait_ge on this rank's own window. The protocol is
  * the cpu transport's, step for step (src/mc_cpu_dispatch.c and
  * src/mc_cpu_combine.c say it in prose); the layout is src/mc_layout.h.
  *
@@ -36,7 +36,7 @@
  *   The round number itself lives in device memory (mc_ws_round_off), bumped by
  *   the prep kernel, so a captured CUDA graph replays correctly.
  *
- * Determinism: record positions come from a warp scan in token order, slots
+ * Determinism: record positions come from a scan in token order, slots
  * from (source rank, position); sums use __fadd_rn/__fmul_rn (no fma
  * contraction) in the documented order. Same bits as the cpu reference. */
 #ifndef MC_GPU_KERNELS_CUH
