@@ -44,7 +44,9 @@ typedef struct {
 
 uint64_t mc_host_id(void) {
   char name[256] = {0};
-  gethostname(name, sizeof name - 1);
+  const char *env = getenv("MC_HOST_ID"); /* containers on several nodes can share a host name */
+  if (env && *env) strncpy(name, env, sizeof name - 1);
+  else gethostname(name, sizeof name - 1);
   uint64_t h = 1469598103934665603ull;
   for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
   return h;

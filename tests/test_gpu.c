@@ -149,6 +149,33 @@ int test_gpu_nvshmem_attach(void) {
 #endif
 }
 
+/* p2p needs every peer mapped: ranks that claim two hosts (MC_HOST_ID, as
+ * on two nodes) make mc_a2a_create fail on every rank, with a message that
+ * names the peer, instead of a crash later. (With transport auto the same
+ * ranks would get nvshmem.) */
+int test_gpu_p2p_other_host(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 2, 1, 60);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.processes = 1;
+  o.split_hosts = 1;
+  o.transport = MC_TRANSPORT_P2P;
+  o.timeout_ms = 5000;
+  mc_run_result_t res;
+  int failed = mc_run(&c, &o, &res);
+  MC_CHECK(failed == 2);
+  for (int r = 0; r < 2; r++) {
+    const mc_run_rank_t *me = &res.ranks[r];
+    fprintf(stderr, "rank %d: %s\n", r, me->msg);
+    MC_CHECK_MSG(me->api_rc == MC_ERR_UNSUPPORTED, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(strstr(me->msg, "p2p") != NULL, "rank %d: %s", r, me->msg);
+  }
+  MC_CHECK_MSG(strstr(res.ranks[0].msg, "another host") != NULL, "rank 0: %s", res.ranks[0].msg);
+  mc_run_free(&res);
+  return 0;
+}
+
 int test_gpu_bound_m(void) {
   REQUIRE_GPU();
   mc_case_t c;

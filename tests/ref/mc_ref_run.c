@@ -297,6 +297,7 @@ static int run_processes(const mc_case_t *c, const mc_run_opts_t *o, mc_run_resu
       mc_oob_socket_t *sock = NULL;
       int oob_ms = o->timeout_ms * 6 > 60000 ? o->timeout_ms * 6 : 60000;
       run_ctx_t ctx = {c, o, res, r, {0}};
+      if (o->split_hosts) setenv("MC_HOST_ID", r % 2 ? "mc-test-host-b" : "mc-test-host-a", 1);
       if (mc_oob_socket_create(&id, r, W, oob_ms, &sock) != MC_SUCCESS ||
           mc_oob_socket_get(sock, &ctx.oob) != MC_SUCCESS) {
         mc_rr_fail(&res->ranks[r], 0, "rank %d: socket bootstrap failed: %s", r, mc_last_error());

@@ -27,6 +27,7 @@ typedef struct mc_run_opts {
   int whole;         /* GPU timing: no marks between a send and its recv (each mark is a CUDA event,
                         several us of GPU time under MPS); the send sample holds the whole call pair,
                         the recv sample 0 */
+  int split_hosts;   /* processes: odd ranks claim another host (MC_HOST_ID), as on two nodes */
   int graph_timed;   /* GPU timing: warm-up rounds eager (and checked), then the timed rounds as replays
                         of one captured round: mc_a2a_barrier, the four halves, a mark around each */
   size_t dense_bytes; /* > 0: after the rounds, time the transport's dense all-to-all of this many
@@ -36,7 +37,7 @@ typedef struct mc_run_opts {
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, NULL}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
