@@ -1,9 +1,11 @@
-"""An MoE layer end to end on a GPU (skipped without CUDA or an nvshmem build):
+"""An MoE layer end to end on a GPU (skipped without CUDA):
 router top-k, dispatch, per-expert MLP on the batched layout with torch.bmm,
 combine; against a dense single-process reference of the same layer. EP1 in
 this process, EP4 as 4 processes (on one GPU: run under scripts/mc-launch.sh
-so MPS shares it); eager, then the same layer captured as a CUDA graph and
-replayed on fresh inputs. Each run prints its max relative error."""
+so MPS shares it), over nvshmem and over p2p (the nvshmem runs passed on the
+H200 on 2026-11-29; the p2p ones were added after, not yet run); eager, then
+the same layer captured as a CUDA graph and replayed on fresh inputs. Each
+run prints its max relative error."""
 import os
 import tempfile
 
@@ -59,7 +61,7 @@ def dense_reference(x, w, idx, w1, w2):
     return out, scale
 
 
-def run_rank(rank, world, store, results):
+def run_rank(rank, world, store, results, transport="nvshmem"):
     torch.cuda.set_device(0 if torch.cuda.device_count() < world else rank)
     dev = torch.cuda.current_device()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -68,8 +70,8 @@ def run_rank(rank, world, store, results):
         L = E // world
         w1l, w2l = w1[rank * L:(rank + 1) * L], w2[rank * L:(rank + 1) * L]
         errs = []
-        with moecomm.Communicator.from_torch(transport="nvshmem", timeout_ms=20000) as comm:
-            assert comm.transport == "nvshmem"
+        with moecomm.Communicator.from_torch(transport=transport, timeout_ms=20000) as comm:
+            assert comm.transport == transport
             with moecomm.AllToAll(comm, max_tokens=T, num_experts=E, experts_per_token=K, hidden=H,
                                   token_bytes=H * 2, combine_in_dtype="bf16", combine_out_dtype="fp32") as a2a:
                 cnt, xe = a2a.alloc_expert_num_tokens(), a2a.alloc_expert_x(torch.bfloat16)
@@ -121,26 +123,27 @@ def run_rank(rank, world, store, results):
         dist.destroy_process_group()
 
 
-def _spawned(rank, world, store, q):
+def _spawned(rank, world, store, q, transport):
     res = {}
     try:
-        run_rank(rank, world, store, res)
+        run_rank(rank, world, store, res, transport)
         q.put((rank, res[rank], None))
     except Exception as e:  # report, do not hang the parent
         q.put((rank, None, repr(e)))
 
 
+@pytest.mark.parametrize("transport", ["nvshmem", "p2p"])
 @pytest.mark.parametrize("world", [1, 4])
-def test_moe_layer_on_gpu(world):
+def test_moe_layer_on_gpu(world, transport):
     store = tempfile.mktemp(prefix="mc-torch-store-")
     if world == 1:
         res = {}
-        run_rank(0, 1, store, res)
+        run_rank(0, 1, store, res, transport)
         got = [(0, res[0], None)]
     else:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        procs = [ctx.Process(target=_spawned, args=(r, world, store, q)) for r in range(world)]
+        procs = [ctx.Process(target=_spawned, args=(r, world, store, q, transport)) for r in range(world)]
         for p in procs:
             p.start()
         got = [q.get(timeout=300) for _ in procs]
@@ -148,5 +151,5 @@ def test_moe_layer_on_gpu(world):
             p.join(60)
     for rank, errs, why in sorted(got):
         assert why is None, f"rank {rank}: {why}"
-        print(f"EP{world} rank {rank}: max relative error eager {errs[0]:.3g}, CUDA graph {errs[1]:.3g}")
+        print(f"{transport} EP{world} rank {rank}: max relative error eager {errs[0]:.3g}, CUDA graph {errs[1]:.3g}")
         assert errs[0] <= TOL and errs[1] <= TOL, f"rank {rank}: {errs} over {TOL}"
