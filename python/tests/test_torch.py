@@ -75,3 +75,12 @@ def test_from_torch_two_processes(rng, tmp_path):
         got, err = results[rank]
         assert err is None, f"rank {rank}: {err}"
         check_rank(groups, rank, 1, E // 2, got, "fp32", "fp32")
+
+
+def test_gpu_transport_refuses_host_arrays_by_name():
+    """What a GPU transport checks before C sees anything (runs without a GPU)."""
+    from moecomm._arrays import view
+    with pytest.raises(moecomm.MoecommInvalid, match=r"dp_x: must be a torch tensor on cuda:0.*device cpu"):
+        view(torch.zeros(4), "dp_x", device=0)
+    with pytest.raises(moecomm.MoecommInvalid, match=r"indices: must be a torch tensor on cuda:0.*ndarray"):
+        view(np.zeros(4, np.int32), "indices", device=0)
