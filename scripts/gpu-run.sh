@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -59,6 +59,29 @@ if [ "$mode" = p2p ]; then
   MOECOMM_LIB="$PWD/build-dev/libmoecomm.so" PYTHONPATH="$PWD/python" timeout 200 scripts/mc-launch.sh 4 -- \
     python3 -m pytest -q -p no:cacheprovider python/tests/test_readme.py 2>&1 | tail -3
   (cd "$out" && tar czf p2p-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
+  exit 0
+fi
+if [ "$mode" = pull ]; then
+  # dispatch pulling records from the senders' staging (MC_GPU_PULL=1,
+  # perf-notes 14): the GPU tests over p2p and nvshmem with it, then EP8
+  # with and without it in one run
+  for tp in p2p nvshmem; do
+    for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds; do
+      s=$(date +%s)
+      if MC_GPU_PULL=1 MC_TEST_TRANSPORT=$tp timeout 120 $L build-dev/mc_tests "$t" > "$out/test-pull-$tp-$t.log" 2>&1
+      then r=PASS; else r="FAIL($?)"; tail -8 "$out/test-pull-$tp-$t.log"; fi
+      echo "pull $tp $t $r $(( $(date +%s) - s ))s" | tee -a "$out/summary.txt"
+    done
+  done
+  for pull in 0 1; do
+    for t in 1 128; do
+      MC_GPU_PULL=$pull timeout 120 $L build-dev/mc-bench --transport p2p --json -t $t -r 200 -w 20 \
+        > "$out/bench-p2p-pull$pull-t$t.json" 2> "$out/bench-p2p-pull$pull-t$t.err"
+      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); l=j['latency_us']; print(sys.argv[2], j['config']['tokens'], 'disp', l['dispatch']['median'], 'comb', l['combine']['median'], {k: l[k]['median'] for k in ('dispatch send','dispatch recv')}, j['verdict'])" \
+        "$out/bench-p2p-pull$pull-t$t.json" "p2p pull=$pull" 2>&1 | tail -1
+    done
+  done
+  (cd "$out" && tar czf pull-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
   exit 0
 fi
 if [ "$mode" = torch ]; then

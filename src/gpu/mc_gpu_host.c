@@ -113,15 +113,31 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   struct cudaDeviceProp p;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: cannot read the device's properties", comm->rank);
-  unsigned char *all = malloc(sizeof p.uuid.bytes * (size_t)comm->world_size);
+  /* MC_GPU_PULL=1 (experimental, written 2026-11-29 and not yet run on a
+   * GPU): with every peer directly reachable, dispatch-send stores only a
+   * record's staging index at each destination and dispatch-recv reads the
+   * record from the sender's staging straight into expert_x, so the record
+   * crosses memory once instead of twice (perf-notes 14). On only where
+   * every rank asks for it and none stages. */
+  const char *pull_env = getenv("MC_GPU_PULL");
+  struct {
+    unsigned char uuid[sizeof p.uuid.bytes];
+    int32_t pull;
+  } mine, *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
-  mc_result_t rc = mc_comm_allgather(comm, p.uuid.bytes, all, sizeof p.uuid.bytes);
-  int same = rc == MC_SUCCESS;
-  for (int r = 0; same && r < comm->world_size; r++)
-    same = memcmp(all + r * sizeof p.uuid.bytes, p.uuid.bytes, sizeof p.uuid.bytes) == 0;
+  memset(&mine, 0, sizeof mine);
+  memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
+  mine.pull = !g->staged && pull_env && strcmp(pull_env, "1") == 0;
+  mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS;
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
+    same &= memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
+    pull &= all[r].pull;
+  }
   free(all);
   const char *env = getenv("MC_GPU_SCOPE");
   g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
+  g->pull = pull;
   return rc;
 }
 
@@ -192,6 +208,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->peers = g->peers;
   ka->direct = g->direct;
   ka->gpu_scope = g->gpu_scope;
+  ka->pull = g->pull;
   ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;

@@ -16,6 +16,7 @@ typedef struct mc_gpu {
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
+  int pull;                /* dispatch pulls records (MC_GPU_PULL=1, experimental): see mc_gpu_decide_scope */
   void *peers;             /* kernel argument: p2p's device table of peer windows */
   void *tstate;            /* the transport's own host state (p2p: mappings) */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
@@ -37,7 +38,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
- * MC_GPU_SCOPE=sys asks for system scope anyway. */
+ * MC_GPU_SCOPE=sys asks for system scope anyway; and g->pull when every
+ * rank asks for it (MC_GPU_PULL=1) and none stages. */
 mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);

@@ -129,7 +129,15 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
     const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
     const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
     unsigned char *peer = mc_t_peer_window(&a, d);
-    if (peer) {
+    if (peer && a.pull) {
+      /* pull mode: where the record would go, only its index in this
+       * rank's staging (packed by mc_k_dispatch_pack); the receiver reads
+       * the record from there, straight into its expert_x */
+      if (lane == 0) {
+        *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
+        atomicAdd(&count[d], 1u);
+      }
+    } else if (peer) {
       unsigned char *dst = peer + dst_off;
       mc_warp_copy16(dst, rec, hdr, lane);
       mc_warp_copy16(dst + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
@@ -214,6 +222,8 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
       waited_src = src;
     }
     const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
+    if (a.pull) /* the slot holds the record's index in the source's staging */
+      rec = mc_t_peer_window(&a, src) + mc_disp_send_off(s, (int)*(const uint32_t *)rec);
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
     mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
     int n = 0;

@@ -34,7 +34,7 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   switch (half) {
   case MC_PHASE_DSEND:
     mc_k_dispatch_prep<<<1, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
-    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
+    if (g->staged || g->pull) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
     mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_DRECV:
