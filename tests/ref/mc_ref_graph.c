@@ -103,10 +103,9 @@ static int timed_body(void *stream, void *arg) {
   return 0;
 }
 
-void mc_rr_time_graph(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
+void mc_rr_time_graph(const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
                       const call_in_t *ci, int m, const mc_oob_t *oob, double *samples, int nsamples,
                       mc_run_rank_t *me) {
-  (void)c;
   timed_ctx_t g = {a2a, d, ci, m, o->whole, MC_SUCCESS};
   void *exec = NULL, *stream = NULL;
   if (mc_dev_graph_capture(timed_body, &g, &exec, &stream) != 0) {

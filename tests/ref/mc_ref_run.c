@@ -221,7 +221,7 @@ static void rank_main(run_ctx_t *ctx) {
     }
   }
   if (timed_graph && !me->failed && a2a)
-    mc_rr_time_graph(c, o, rank, a2a, &d, &last_in, last_m, &ctx->oob, samples, ctx->res->rounds, me);
+    mc_rr_time_graph(o, rank, a2a, &d, &last_in, last_m, &ctx->oob, samples, ctx->res->rounds, me);
   if (o->dense_bytes && !me->failed) {
     mc_dev_sync(gpu);
     mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
