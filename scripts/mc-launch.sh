@@ -17,6 +17,9 @@ n=$1; shift
 [ "${1:-}" = "--" ] && shift
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# nvidia-smi lists every GPU; CUDA_VISIBLE_DEVICES says which ones ranks see
+# (e.g. the one-GPU testbed, CUDA_VISIBLE_DEVICES=0, on a machine of two)
+if [ "$gpus" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .); fi
 if [ "$gpus" -lt 1 ]; then echo "mc-launch: no GPU visible (nvidia-smi -L)" >&2; exit 1; fi
 
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NCCL=1
