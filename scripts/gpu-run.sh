@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull|sanitize] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -68,9 +68,10 @@ if [ "$mode" = pull ]; then
   for tp in p2p nvshmem; do
     for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds; do
       s=$(date +%s)
-      if MC_GPU_PULL=1 MC_TEST_TRANSPORT=$tp timeout 120 $L build-dev/mc_tests "$t" > "$out/test-pull-$tp-$t.log" 2>&1
+      if MC_GPU_PULL=1 MC_TEST_TRANSPORT=$tp timeout 60 $L build-dev/mc_tests "$t" > "$out/test-pull-$tp-$t.log" 2>&1
       then r=PASS; else r="FAIL($?)"; tail -8 "$out/test-pull-$tp-$t.log"; fi
       echo "pull $tp $t $r $(( $(date +%s) - s ))s" | tee -a "$out/summary.txt"
+      [ "$r" = PASS ] || break # the first failure says enough; keep the device time
     done
   done
   for pull in 0 1; do
@@ -84,6 +85,24 @@ if [ "$mode" = pull ]; then
   (cd "$out" && tar czf pull-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
   exit 0
 fi
+if [ "$mode" = sanitize ]; then
+  # compute-sanitizer memcheck and racecheck over both transports (EP2 on one
+  # GPU, time-sliced: the sanitizer does not run under MPS), and p2p's
+  # create failure for a peer on another host
+  for tp in nvshmem p2p; do
+    for tool in memcheck racecheck; do
+      s=$(date +%s)
+      if MC_NO_MPS=1 timeout 200 $L compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
+           build-dev/mc-bench --transport $tp -n 2 -t 8 -e 16 -k 4 --hidden 256 -r 2 -w 1 --no-dense \
+           > "$out/sanitizer-$tp-$tool.log" 2>&1; then r=PASS; else r="FAIL($?)"; grep -E "=========" "$out/sanitizer-$tp-$tool.log" | head -12; fi
+      log "sanitizer $tp $tool $r $(( $(date +%s) - s ))s"
+    done
+  done
+  timeout 60 $L build-dev/mc_tests gpu_p2p_other_host > "$out/test-gpu_p2p_other_host.log" 2>&1 && r=PASS || r="FAIL($?)"
+  log "gpu_p2p_other_host $r"; grep "rank" "$out/test-gpu_p2p_other_host.log" | head -4
+  (cd "$out" && tar czf sanitize-logs.tgz --remove-files sanitizer-*.log test-*.log 2>/dev/null || true)
+  exit 0
+fi
 if [ "$mode" = torch ]; then
   # the Python package on the GPU: an MoE layer in PyTorch, EP1 and EP4,
   # eager and CUDA graph, against a dense reference (python/tests/test_torch_gpu.py)
@@ -94,7 +113,9 @@ fi
 if [ "$mode" = trace ]; then
   # the kernels' timeline (MC_GPU_TRACE stamps, scripts/trace_summary.py):
   # where each rank's time goes, EP8 under MPS against one rank alone
-  B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 100 -w 10"
+  # TRACE_RANKS=N (N > 1): EP N, one rank per GPU on a machine of N GPUs,
+  # at 1, 128 and 4096 tokens; TRACE_TRANSPORT picks the transport
+  B="build-dev/mc-bench --transport ${TRACE_TRANSPORT:-nvshmem} --no-dense --check-first 1 -r 100 -w 10"
   tr() { # name ranks env... -- bench args
     local name=$1 n=$2; shift 2
     env MC_GPU_TRACE="$out/trace-$name" "$@" timeout 120 scripts/mc-launch.sh "$n" -- $B -n "$n" ${TARGS:-} \
@@ -102,11 +123,15 @@ if [ "$mode" = trace ]; then
     echo "== $name: $(grep -E '^ *(dispatch|combine) ' "$out/trace-$name.txt" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
     python3 scripts/trace_summary.py "$out/trace-$name" | tee "$out/trace-$name.sum"
   }
-  TARGS="-t 128" tr ep8-t128 8
-  TARGS="-t 128 --graph" tr ep8-t128-graph 8
-  TARGS="-t 1" tr ep8-t1 8
-  TARGS="-t 1 --graph" tr ep8-t1-graph 8
-  MC_NO_MPS=1 TARGS="-t 128" tr ep1-t128 1
+  if [ -n "${TRACE_RANKS:-}" ]; then
+    for t in 1 128 4096; do TARGS="-t $t" tr "ep$TRACE_RANKS-t$t" "$TRACE_RANKS"; done
+  else
+    TARGS="-t 128" tr ep8-t128 8
+    TARGS="-t 128 --graph" tr ep8-t128-graph 8
+    TARGS="-t 1" tr ep8-t1 8
+    TARGS="-t 1 --graph" tr ep8-t1-graph 8
+    MC_NO_MPS=1 TARGS="-t 128" tr ep1-t128 1
+  fi
   (cd "$out" && tar czf traces.tgz --remove-files trace-* *.log 2>/dev/null || true)
   exit 0
 fi
