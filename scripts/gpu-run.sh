@@ -142,7 +142,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
 tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_many_rounds"
-[ "$mode" = quick ] && tests="gpu_ep_sizes gpu_stall" && TEST_TIMEOUT=120
+[ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
 # the paths the defaults on one GPU do not take: NVSHMEM puts from staging
@@ -175,7 +175,7 @@ bench() { # name args... (BT: the transport, default nvshmem)
     echo "{\"failed\": \"$name\"}" >> "$out/bench-$name.json"
 }
 tok_list="1 8 32 128 512"
-[ "$mode" = quick ] && tok_list="1 128"
+[ "$mode" = quick ] && tok_list=${MC_TOKENS:-1 128}
 for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 # p2p in the same run: the same points (its dense baseline is nvshmem's above)
 for t in $tok_list; do BT=p2p bench "p2p-dsv3-t$t" -t "$t" -r 200 -w 20; done

@@ -177,6 +177,11 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *   round     uint64: the GPU kernels' round number
  *   rowdone   [world_size * src_cap] uint32: segments of each combine row
  *             written so far (GPU: the last segment's warp signals the row)
+ *   pcount    [ceil(max_tokens / MC_PREP_MIN_CHUNK)][num_experts + 2 * world_size]
+ *             uint32 (GPU): the prep kernel's counts per chunk of tokens (one
+ *             block each), per expert, per destination rank and per rank
+ *             rows are expected back from; the last block turns them into
+ *             each chunk's bases
  */
 enum {
   MC_WS_M_EFF = 0,  /* valid tokens of this round (bound_m applied) */
@@ -185,6 +190,8 @@ enum {
   MC_WS_DONE_DRECV, /* blocks finished, for the last-block update of running totals */
   MC_WS_DONE_CRECV,
   MC_WS_BARRIERS,   /* mc_a2a_barrier calls so far (the value the next one signals, minus 1) */
+  MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
+  MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
   MC_WS_NSCALARS = 8
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
@@ -238,8 +245,15 @@ MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
  * dispatch-send, so a captured CUDA graph replays correctly. */
 MC_HD uint64_t mc_ws_round_off(const mc_shape_t *s) { return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t); }
 MC_HD uint64_t mc_ws_rowdone_off(const mc_shape_t *s) { return mc_ws_round_off(s) + sizeof(uint64_t); }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+/* The prep kernel's chunks hold at least this many tokens (one warp's). */
+#define MC_PREP_MIN_CHUNK 32
+MC_HD uint64_t mc_ws_pcount_off(const mc_shape_t *s) {
   return mc_ws_rowdone_off(s) + mc_align_up((uint64_t)s->world_size * mc_src_cap(s) * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  const uint64_t chunks = ((uint64_t)s->max_tokens + MC_PREP_MIN_CHUNK - 1) / MC_PREP_MIN_CHUNK;
+  return mc_ws_pcount_off(s) +
+         mc_align_up(chunks * ((uint64_t)s->num_experts + 2u * s->world_size) * sizeof(uint32_t), MC_ALIGN);
 }
 
 #endif /* MC_LAYOUT_H */

@@ -107,10 +107,12 @@ int test_gpu_deepseek_shape(void) {
   return 0;
 }
 
-/* More tokens than the prep kernel scans in one pass (8 warps x 32), and so
- * many experts that its masks leave room for fewer warps: record positions
- * must carry from pass to pass. Top-k 8 and 4 (inlined copies) and 6 (the
- * generic one). (A missing barrier between passes once broke 512 tokens.) */
+/* More tokens than one prep block scans (8 warps x 32), and so many experts
+ * that its masks leave room for fewer warps (smaller chunks, more blocks):
+ * record positions must carry from chunk to chunk (the last block's scan,
+ * then the fix kernel), also where bound_m cuts a chunk or leaves it
+ * empty. Top-k 8 and 4 (inlined copies) and 6 (the generic one). (A
+ * missing barrier between passes once broke 512 tokens.) */
 int test_gpu_prep_passes(void) {
   REQUIRE_GPU();
   static const struct {
@@ -123,8 +125,9 @@ int test_gpu_prep_passes(void) {
     c.topk = cases[i].topk;
     c.max_tokens = cases[i].tokens;
     c.hidden = 64;
+    c.use_bound_m = 1; /* some rounds: chunks the bound leaves empty, or cuts */
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-    o.rounds = 3;
+    o.rounds = 4;
     MC_CHECK(run_gpu(&c, &o) == 0);
   }
   return 0;
@@ -235,6 +238,12 @@ int test_gpu_bad_input(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
   o.inject_bad = 1; /* host-checked and device-checked refusals, then good rounds */
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  /* the bad row (the last valid one) in a later prep block than the first:
+   * the verdict reaches the last block, and is cleared for the next round */
+  small_case(&c, 2, 1, 5);
+  c.max_tokens = 600;
+  c.hidden = 64;
   MC_CHECK(run_gpu(&c, &o) == 0);
   return 0;
 }

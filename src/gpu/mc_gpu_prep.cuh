@@ -7,11 +7,12 @@
 #include "../mc_route.h"
 #include "mc_gpu_rows.cuh"
 
-/* ---- dispatch-send, part 1: check, route, positions (one block) ----
- * The prep kernel's scan: MC_PREP_THREADS threads, warps of 32 tokens each,
- * per-warp lane masks per expert and per destination rank in shared
- * memory; a pass covers (scanning warps) x 32 tokens. MC_PREP_SMEM caps the
- * masks, so many experts mean fewer scanning warps, never a failed launch. */
+/* ---- dispatch-send, part 1: check, route, positions ----
+ * The prep kernel's scan: one block per chunk of (scanning warps) x 32
+ * tokens, MC_PREP_THREADS threads, warps of 32 tokens each, per-warp lane
+ * masks per expert and per destination rank in shared memory. MC_PREP_SMEM
+ * caps the masks, so many experts mean fewer scanning warps (smaller
+ * chunks, never below MC_PREP_MIN_CHUNK), never a failed launch. */
 #define MC_PREP_THREADS 256 /* up to 255 registers: the per-k state of MC_MAX_TOPK stays in them */
 #define MC_PREP_SMEM (40u << 10)
 static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
@@ -37,13 +38,18 @@ static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
  * its position per expert and its index per destination rank in token
  * order (the order makes the slots deterministic), writes the record
  * headers into staging, and the metas.
- * One pass per (scanning warps x 32) tokens, lane t owning token t: it
- * loads its ids and weights once, checks and routes them, and ORs its bit
- * into its warp's mask of each of its experts and ranks; its place among
- * the warp's tokens is then a popcount of the lower lanes, and one thread
- * per column (expert or rank) turns the warps' counts into running bases.
- * A few block barriers per pass and one round trip to memory; no serial
- * walk over tokens (one warp walking them took 20-30 us: perf-notes).
+ * One block per chunk of (scanning warps x 32) tokens, lane t owning token
+ * t: it loads its ids and weights once, checks and routes them, and ORs its
+ * bit into its warp's mask of each of its experts and ranks; its place
+ * among the warp's tokens is then a popcount of the lower lanes, and one
+ * thread per column (expert or rank) turns the warps' counts into bases
+ * within the chunk. No serial walk over tokens (one warp walking them took
+ * 20-30 us: perf-notes). Each block stores its chunk's column counts; the
+ * last block to finish turns them into every chunk's bases (a scan over
+ * chunks per column) and publishes totals, metas and the round; where
+ * there is more than one chunk, mc_k_dispatch_prep_fix then adds each
+ * chunk's bases to its tokens' positions. (One block walking the chunks
+ * took 10 us each: 166 us at 4096 tokens, perf-notes 15.)
  * Headers, routes and row counts are written even when a later token turns
  * out bad: nothing reads them before the next accepted round rewrites them,
  * and the refused round leaves round number, metas and stats alone. */
@@ -54,7 +60,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   extern __shared__ uint32_t smem[];
   uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W; /* count: experts then ranks */
-  __shared__ int bad;
+  __shared__ int bad, last;
   mc_trace_start(&a, MC_TK_PREP);
   if (tid == 0) bad = 0;
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
@@ -74,7 +80,8 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
   uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
   uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
-  for (int base = 0; base < m_eff; base += NW * 32) {
+  const int base = blockIdx.x * NW * 32; /* this block's chunk */
+  if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
     __syncthreads(); /* the masks (and, first time, the counts) are zero */
     const int t = base + warp * 32 + lane;
@@ -178,7 +185,36 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
         if (first >> k & 1u) ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
       }
     }
-    __syncthreads(); /* every warp read its bases before the next pass clears the masks */
+  }
+  __syncthreads();
+  /* this chunk's counts (experts, ranks, rows expected back: smem is laid
+   * out as pcount's rows), then the last block scans them */
+  uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(s));
+  for (int i = tid; i < C + W; i += blockDim.x) pcount[(size_t)blockIdx.x * (C + W) + i] = smem[i];
+  if (tid == 0) {
+    if (bad) atomicOr(&sc[MC_WS_PREP_BAD], 1u);
+    __threadfence(); /* our counts and verdict before our arrival */
+    last = atomicAdd(&sc[MC_WS_DONE_PREP], 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence(); /* every block's counts, seen through the arrivals, before ours reads them */
+  for (int c = tid; c < C + W; c += blockDim.x) {
+    uint32_t run = 0;
+    for (int q0 = 0; q0 < (int)gridDim.x; q0 += 16) { /* 16 loads in flight, then the stores */
+      uint32_t n[16];
+#pragma unroll
+      for (int j = 0; j < 16; j++) n[j] = q0 + j < (int)gridDim.x ? __ldcg(&pcount[(size_t)(q0 + j) * (C + W) + c]) : 0;
+#pragma unroll
+      for (int j = 0; j < 16; j++)
+        if (q0 + j < (int)gridDim.x) pcount[(size_t)(q0 + j) * (C + W) + c] = run, run += n[j];
+    }
+    smem[c] = run; /* totals over the chunks: count[] and rexp[] from here on */
+  }
+  if (tid == 0) {
+    bad = (int)*(volatile uint32_t *)&sc[MC_WS_PREP_BAD];
+    sc[MC_WS_PREP_BAD] = 0;
+    sc[MC_WS_DONE_PREP] = 0; /* for the next round */
   }
   __syncthreads();
   mc_trace_point(&a, MC_TK_PREP, 0);
@@ -215,6 +251,33 @@ static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_
   case 8: mc_dispatch_prep_body(a, 8); break;
   case 4: mc_dispatch_prep_body(a, 4); break;
   default: mc_dispatch_prep_body(a, a.s.topk); break;
+  }
+}
+
+/* ---- dispatch-send, part 1b: where there is more than one chunk, each
+ * chunk's bases (the last prep block's scan) added to its tokens'
+ * positions: the header's slot per expert and the record index per
+ * destination rank. One thread per (token, k) of this rank's chunk past the
+ * first chunk (whose bases are zero). ---- */
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  if (sc[MC_WS_BAD]) return;
+  const int K = s->topk, E = s->num_experts, W = s->world_size, P = mc_prep_warps(s) * 32;
+  int begin, end;
+  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
+  const int from = begin > P ? begin : P;
+  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
+  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  const uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(s));
+  for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < (int64_t)(end - from) * K;
+       it += (int64_t)gridDim.x * blockDim.x) {
+    const int t = from + (int)(it / K), k = (int)(it % K);
+    const uint32_t *bases = pcount + (size_t)(t / P) * (E + 2 * W);
+    mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+    h->targets[k].pos += (int32_t)bases[h->targets[k].expert];
+    if (k < n_dests[t]) ridx[(int64_t)(t - begin) * K + k] += bases[E + dests[(int64_t)t * K + k]];
   }
 }
 
