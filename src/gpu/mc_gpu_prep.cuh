@@ -31,6 +31,49 @@ static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
   return sizeof(uint32_t) * (cols + (size_t)s->world_size + cols * (size_t)mc_prep_warps(s));
 }
 
+/* Several prep blocks: each stores its chunk's counts (smem holds them as
+ * one row of pcount: experts, ranks, rows expected back) and its verdict;
+ * the last block to arrive turns every column into each chunk's base (a
+ * scan over chunks) and leaves the totals in smem and the round's verdict
+ * in *bad. Returns 1 in the last block only. (One block alone skips this
+ * round trip through memory: 2-3 us at 1 and 128 tokens, perf-notes 15.) */
+MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int cols, int *bad) {
+  const int tid = threadIdx.x;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
+  uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(&a.s));
+  __shared__ int last;
+  for (int i = tid; i < cols; i += blockDim.x) pcount[(size_t)blockIdx.x * cols + i] = smem[i];
+  __syncthreads();
+  if (tid == 0) {
+    if (*bad) atomicOr(&sc[MC_WS_PREP_BAD], 1u);
+    __threadfence(); /* our counts and verdict before our arrival */
+    last = atomicAdd(&sc[MC_WS_DONE_PREP], 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return 0;
+  __threadfence(); /* every block's counts, seen through the arrivals, before ours reads them */
+  for (int c = tid; c < cols; c += blockDim.x) {
+    uint32_t run = 0;
+    for (int q0 = 0; q0 < (int)gridDim.x; q0 += 16) { /* 16 loads in flight, then the stores */
+      uint32_t n[16];
+#pragma unroll
+      for (int j = 0; j < 16; j++) n[j] = q0 + j < (int)gridDim.x ? __ldcg(&pcount[(size_t)(q0 + j) * cols + c]) : 0;
+#pragma unroll
+      for (int j = 0; j < 16; j++)
+        if (q0 + j < (int)gridDim.x) pcount[(size_t)(q0 + j) * cols + c] = run, run += n[j];
+    }
+    smem[c] = run; /* totals over the chunks */
+  }
+  __syncthreads(); /* every thread read *bad (shared) above before tid 0 rewrites it */
+  if (tid == 0) {
+    *bad = (int)*(volatile uint32_t *)&sc[MC_WS_PREP_BAD];
+    sc[MC_WS_PREP_BAD] = 0;
+    sc[MC_WS_DONE_PREP] = 0; /* for the next round */
+  }
+  __syncthreads();
+  return 1;
+}
+
 /* Checks every valid token's top-k before anything is sent: a bad round
  * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
  * token's destination ranks and the rows expected back (all members of a
@@ -60,7 +103,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   extern __shared__ uint32_t smem[];
   uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W; /* count: experts then ranks */
-  __shared__ int bad, last;
+  __shared__ int bad;
   mc_trace_start(&a, MC_TK_PREP);
   if (tid == 0) bad = 0;
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
@@ -187,36 +230,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
     }
   }
   __syncthreads();
-  /* this chunk's counts (experts, ranks, rows expected back: smem is laid
-   * out as pcount's rows), then the last block scans them */
-  uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(s));
-  for (int i = tid; i < C + W; i += blockDim.x) pcount[(size_t)blockIdx.x * (C + W) + i] = smem[i];
-  if (tid == 0) {
-    if (bad) atomicOr(&sc[MC_WS_PREP_BAD], 1u);
-    __threadfence(); /* our counts and verdict before our arrival */
-    last = atomicAdd(&sc[MC_WS_DONE_PREP], 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence(); /* every block's counts, seen through the arrivals, before ours reads them */
-  for (int c = tid; c < C + W; c += blockDim.x) {
-    uint32_t run = 0;
-    for (int q0 = 0; q0 < (int)gridDim.x; q0 += 16) { /* 16 loads in flight, then the stores */
-      uint32_t n[16];
-#pragma unroll
-      for (int j = 0; j < 16; j++) n[j] = q0 + j < (int)gridDim.x ? __ldcg(&pcount[(size_t)(q0 + j) * (C + W) + c]) : 0;
-#pragma unroll
-      for (int j = 0; j < 16; j++)
-        if (q0 + j < (int)gridDim.x) pcount[(size_t)(q0 + j) * (C + W) + c] = run, run += n[j];
-    }
-    smem[c] = run; /* totals over the chunks: count[] and rexp[] from here on */
-  }
-  if (tid == 0) {
-    bad = (int)*(volatile uint32_t *)&sc[MC_WS_PREP_BAD];
-    sc[MC_WS_PREP_BAD] = 0;
-    sc[MC_WS_DONE_PREP] = 0; /* for the next round */
-  }
-  __syncthreads();
+  if (gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return;
   mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
     if (tid == 0) sc[MC_WS_BAD] = 1;
