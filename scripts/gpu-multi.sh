@@ -65,10 +65,14 @@ for tr in nvshmem p2p; do
 done
 # p2p with dispatch pulling records over NVLink instead of pushing them
 # (MC_GPU_PULL=1, perf-notes 14), against the p2p runs above
-for t in 128 4096; do
-  f="$out/bench-p2p-pull-ep$n-t$t"
-  time_for 60 && MC_GPU_PULL=1 NVSHMEM_SYMMETRIC_SIZE=40G timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
-    --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err"
+# and with dispatch-send's earlier warp per (token, rank) (MC_GPU_DSEND=pair,
+# perf-notes 16)
+for v in MC_GPU_PULL=1 MC_GPU_DSEND=pair; do
+  for t in 128 4096; do
+    f="$out/bench-p2p-$(echo "${v#MC_GPU_}" | tr 'A-Z=' 'a-z-')-ep$n-t$t"
+    time_for 60 && env "$v" timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
+      --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err"
+  done
 done
 # at most 8 files come back: logs and JSON in one archive each
 (cd "$out" && tar czf logs.tgz --remove-files $(ls *.log *.err 2>/dev/null) 2>/dev/null || true)

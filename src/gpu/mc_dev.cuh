@@ -156,11 +156,41 @@ MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane)
   }
   for (; i < n; i += 32) d[i] = s[i];
 }
+/* The same copy to n destinations (dst[j] + off, j < n): each 16-byte
+ * piece is loaded once and stored n times. A record read once for all the
+ * ranks, or all the local experts, it goes to (perf-notes 16). */
+MC_DEV void mc_warp_copy16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
+                              int lane) {
+  const int4 *s = (const int4 *)src;
+  const uint64_t cnt = bytes / 16;
+  uint64_t i = (uint64_t)lane;
+  for (; i + 96 < cnt; i += 128) {
+    int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+    for (int j = 0; j < n; j++) {
+      int4 *d = (int4 *)(dst[j] + off);
+      d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
+    }
+  }
+  for (; i < cnt; i += 32) {
+    int4 a = s[i];
+    for (int j = 0; j < n; j++) ((int4 *)(dst[j] + off))[i] = a;
+  }
+}
 /* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp. */
 MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
   int *d = (int *)dst;
   const int *s = (const int *)src;
   for (uint64_t i = (uint64_t)lane; i < bytes / 4; i += 32) d[i] = s[i];
+}
+
+/* ... and to n destinations (dst[j] + off), each word loaded once. */
+MC_DEV void mc_warp_copy4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
+                             int lane) {
+  const int *s = (const int *)src;
+  for (uint64_t i = (uint64_t)lane; i < bytes / 4; i += 32) {
+    const int v = s[i];
+    for (int j = 0; j < n; j++) ((int *)(dst[j] + off))[i] = v;
+  }
 }
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }

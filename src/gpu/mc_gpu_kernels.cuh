@@ -122,7 +122,40 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
   const uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
   const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
-  for (int it = gw; it < (end - begin) * K; it += nw) {
+  if (a.dsend_per_token) {
+    /* a warp per token: its record loaded once (header from staging,
+     * payload and scales from the caller) and stored into every directly
+     * reachable destination's window; other destinations get the staged
+     * record by put, pull mode only the staging index */
+    for (int t = begin + gw; t < end; t += nw) {
+      const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+      unsigned char *dst[MC_MAX_TOPK];
+      int n = 0;
+      for (int j = 0; j < n_dests[t]; j++) {
+        const int d = dests[(int64_t)t * K + j];
+        const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
+        unsigned char *peer = mc_t_peer_window(&a, d);
+        if (!peer) {
+          mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
+          continue;
+        }
+        if (lane == 0) atomicAdd(&count[d], 1u);
+        if (a.pull) {
+          if (lane == 0) *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
+          continue;
+        }
+        dst[n++] = peer + dst_off;
+      }
+      if (!n) continue;
+      mc_warp_copy16_to(dst, n, 0, rec, hdr, lane);
+      mc_warp_copy16_to(dst, n, mc_record_payload_off(s),
+                        (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes, s->token_bytes, lane);
+      if (s->scale_bytes)
+        mc_warp_copy4_to(dst, n, mc_record_scale_off(s),
+                         (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes, s->scale_bytes, lane);
+    }
+  }
+  for (int it = a.dsend_per_token ? INT32_MAX : gw; it < (end - begin) * K; it += nw) { /* a warp per (token, rank) */
     const int t = begin + it / K, j = it % K;
     if (j >= n_dests[t]) continue;
     const int d = dests[(int64_t)t * K + j];
@@ -226,19 +259,21 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
       rec = mc_t_peer_window(&a, src) + mc_disp_send_off(s, (int)*(const uint32_t *)rec);
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
     mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    /* the record's slots in expert_x (and expert_scale), then one copy
+     * that reads it once for all of them */
+    unsigned char *xdst[MC_MAX_TOPK], *sdst[MC_MAX_TOPK];
     int n = 0;
     for (int k = 0; k < K; k++) {
       mc_target_t tg = h->targets[k];
       if (tg.expert / L != a.rank) continue;
       int l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
-      mc_warp_copy16((unsigned char *)a.expert_x + ((uint64_t)l * cap + slot) * s->token_bytes,
-                     rec + mc_record_payload_off(s), s->token_bytes, lane);
-      if (s->scale_bytes)
-        mc_warp_copy4((unsigned char *)a.expert_scale + ((uint64_t)l * cap + slot) * s->scale_bytes,
-                      rec + mc_record_scale_off(s), s->scale_bytes, lane);
+      xdst[n] = (unsigned char *)a.expert_x + ((uint64_t)l * cap + slot) * s->token_bytes;
+      sdst[n] = (unsigned char *)a.expert_scale + ((uint64_t)l * cap + slot) * s->scale_bytes;
       if (lane == 0) r->targets[n] = mc_target_t{l, slot, tg.weight};
       n++;
     }
+    mc_warp_copy16_to(xdst, n, 0, rec + mc_record_payload_off(s), s->token_bytes, lane);
+    if (s->scale_bytes) mc_warp_copy4_to(sdst, n, 0, rec + mc_record_scale_off(s), s->scale_bytes, lane);
     if (lane == 0) {
       r->src_rank = src;
       r->token = h->token;
