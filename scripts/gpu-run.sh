@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull|sanitize] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull|sanitize|auto] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -83,6 +83,18 @@ if [ "$mode" = pull ]; then
     done
   done
   (cd "$out" && tar czf pull-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
+  exit 0
+fi
+if [ "$mode" = auto ]; then
+  # transport auto (the reachability probe at comm create): one host -> p2p,
+  # two claimed hosts -> nvshmem; then p2p create and its refusal, which
+  # share the mapping code with the probe
+  for t in gpu_auto_transport gpu_p2p_other_host; do
+    MC_VERBOSE=1 timeout 60 scripts/mc-launch.sh 2 -- build-dev/mc_tests "$t" > "$out/test-$t.log" 2>&1 && r=PASS || r="FAIL($?)"
+    log "$t $r"; grep -E "moecomm: transport|ok:|FAIL|rank" "$out/test-$t.log" | head -6
+  done
+  MC_TEST_TRANSPORT=p2p timeout 60 $L build-dev/mc_tests gpu_ep_sizes > "$out/test-p2p-ep_sizes.log" 2>&1 && r=PASS || r="FAIL($?)"
+  log "gpu_ep_sizes p2p $r"
   exit 0
 fi
 if [ "$mode" = sanitize ]; then

@@ -1,6 +1,7 @@
 /* mc_comm.c - the communicator: who am I, how many of us, which transport,
  * and the out-of-band collectives everything else bootstraps with. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -169,13 +170,26 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
                    mine.group_size, all[r].transport, mine.transport, all[r].version, mine.version);
   }
   free(all);
-  /* auto with a GPU: p2p when every rank is on this host (peer-mapped memory
-   * reaches them all; a2a create says so if one cannot be mapped), else
-   * nvshmem. mc_comm_transport() reports the choice. */
-  if (transport == MC_TRANSPORT_AUTO)
-    transport = one_host && mc_transport_ops(MC_TRANSPORT_P2P) ? MC_TRANSPORT_P2P
-                : mc_transport_ops(MC_TRANSPORT_NVSHMEM)       ? MC_TRANSPORT_NVSHMEM
-                                                               : MC_TRANSPORT_CPU;
+  /* auto with a GPU: p2p when every rank is on this host and every rank
+   * can map every peer's memory (a probe: export, open, close, agree),
+   * else nvshmem; without nvshmem in this build, p2p on one host (its a2a
+   * create then names the peer it cannot map). mc_comm_transport() reports
+   * the choice; MC_VERBOSE=1 prints it, with why p2p was not taken. */
+  if (transport == MC_TRANSPORT_AUTO) {
+    int reach = 0;
+    char why[200] = "not every rank is on this host";
+#ifdef MC_HAVE_CUDA
+    if (rc == MC_SUCCESS && one_host) rc = mc_p2p_probe(comm, &reach, why, sizeof why);
+#endif
+    transport = reach                                   ? MC_TRANSPORT_P2P
+                : mc_transport_ops(MC_TRANSPORT_NVSHMEM) ? MC_TRANSPORT_NVSHMEM
+                : one_host && mc_transport_ops(MC_TRANSPORT_P2P) ? MC_TRANSPORT_P2P
+                                                                 : MC_TRANSPORT_CPU;
+    const char *v = getenv("MC_VERBOSE");
+    if (rc == MC_SUCCESS && comm->rank == 0 && v && strcmp(v, "1") == 0)
+      fprintf(stderr, "moecomm: transport auto -> %s%s%s%s\n", mc_transport_name(transport), reach ? "" : " (p2p: ",
+              reach ? "" : why, reach ? "" : ")");
+  }
   comm->transport = transport;
   const mc_transport_ops_t *ops = mc_transport_ops(transport);
   if (rc == MC_SUCCESS && ops->comm_init) rc = ops->comm_init(comm);

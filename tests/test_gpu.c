@@ -191,6 +191,40 @@ int test_gpu_p2p_other_host(void) {
   return 0;
 }
 
+/* Transport auto on GPUs: ranks on one host that can map each other's
+ * memory (the probe at comm create) get p2p; ranks that claim two hosts get
+ * nvshmem where this build has it. Either way every rank agrees, and the
+ * rounds match the reference. */
+int test_gpu_auto_transport(void) {
+  REQUIRE_GPU();
+  for (int split = 0; split <= 1; split++) {
+    mc_case_t c;
+    small_case(&c, 2, 1, 70 + split);
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.processes = 1;
+    o.rounds = 3;
+    o.split_hosts = split;
+    o.auto_transport = 1;
+    o.transport = MC_TRANSPORT_P2P; /* device buffers: auto must pick a GPU transport */
+#ifndef MC_REF_NVSHMEM
+    if (split) {
+      printf("two hosts: skipped (built without NVSHMEM)\n");
+      continue;
+    }
+#endif
+    const int want = split ? MC_TRANSPORT_NVSHMEM : MC_TRANSPORT_P2P;
+    mc_run_result_t res;
+    int failed = mc_run(&c, &o, &res);
+    MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+    for (int r = 0; r < 2; r++)
+      MC_CHECK_MSG(res.ranks[r].transport == want, "%s: rank %d got transport %d, wanted %d",
+                   split ? "two hosts" : "one host", r, res.ranks[r].transport, want);
+    printf("ok: %s -> %s\n", split ? "two hosts" : "one host", mc_transport_name((mc_transport_t)want));
+    mc_run_free(&res);
+  }
+  return 0;
+}
+
 int test_gpu_bound_m(void) {
   REQUIRE_GPU();
   mc_case_t c;

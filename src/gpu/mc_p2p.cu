@@ -78,14 +78,16 @@ static void p2p_a2a_destroy(mc_a2a_t *a2a) {
   a2a->impl = NULL;
 }
 
-/* Map every peer's window; on failure *why names the peer and the reason. */
-static int map_peers(mc_a2a_t *a2a, const p2p_card_t *cards, p2p_state_t *p, char *why, size_t n) {
-  const int me = a2a->comm->rank, W = a2a->comm->world_size;
+/* Map every peer's window into peer[] (opened[r] = 1 where it took
+ * cudaIpcOpenMemHandle); on failure *why names the peer and the reason. */
+static int map_peers(const mc_comm_t *comm, const p2p_card_t *cards, unsigned char **peer, unsigned char *opened,
+                     char *why, size_t n) {
+  const int me = comm->rank, W = comm->world_size;
   const p2p_card_t *mine = &cards[me];
   for (int r = 0; r < W; r++) {
     const p2p_card_t *c = &cards[r];
     if (r == me) {
-      p->peer[r] = (unsigned char *)(uintptr_t)c->base;
+      peer[r] = (unsigned char *)(uintptr_t)c->base;
       continue;
     }
     if (!c->ok) return snprintf(why, n, "rank %d could not export its window", r), 1;
@@ -101,15 +103,15 @@ static int map_peers(mc_a2a_t *a2a, const p2p_card_t *cards, p2p_state_t *p, cha
           return snprintf(why, n, "enabling access to GPU %d (rank %d): %s", c->device, r, cudaGetErrorString(e)), 1;
         cudaGetLastError(); /* "already enabled" is not an error here */
       }
-      p->peer[r] = (unsigned char *)(uintptr_t)c->base;
+      peer[r] = (unsigned char *)(uintptr_t)c->base;
       continue;
     }
     void *ptr = NULL;
     cudaError_t e = cudaIpcOpenMemHandle(&ptr, c->ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess)
       return snprintf(why, n, "opening rank %d's window (cudaIpcOpenMemHandle): %s", r, cudaGetErrorString(e)), 1;
-    p->peer[r] = (unsigned char *)ptr;
-    p->opened[r] = 1;
+    peer[r] = (unsigned char *)ptr;
+    opened[r] = 1;
   }
   return 0;
 }
@@ -151,7 +153,7 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
                          (unsigned long long)bytes, cudaGetErrorString(e));
   /* everyone's cards, then everyone's verdict: all ranks fail together */
   rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
-  int bad = rc != MC_SUCCESS || !mine.ok || map_peers(a2a, cards, p, why + strlen(why), sizeof why - strlen(why));
+  int bad = rc != MC_SUCCESS || !mine.ok || map_peers(comm, cards, p->peer, p->opened, why + strlen(why), sizeof why - strlen(why));
   free(cards);
   int32_t *verdicts = (int32_t *)calloc((size_t)W, sizeof(int32_t));
   int32_t v = bad;
@@ -186,6 +188,61 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   }
   a2a->stats.buffer_bytes = bytes + mc_workspace_bytes(&a2a->shape);
   return MC_SUCCESS;
+}
+
+/* Auto's question at comm create, on one host: can every rank map every
+ * peer's memory? Each rank exports a small buffer and opens every peer's as
+ * a2a create would, closes them, and the verdicts are allgathered, so every
+ * rank gets the same answer (and the first refusal's reason in why). */
+extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, char *why, size_t why_n) {
+  const int W = comm->world_size;
+  *reachable = 0;
+  why[0] = 0;
+  if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
+    return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
+  p2p_card_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.host = mc_host_id();
+  mine.pid = (int32_t)getpid();
+  cudaGetDevice(&mine.device);
+  void *buf = NULL;
+  cudaError_t e = cudaMalloc(&buf, 256);
+  if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, buf);
+  mine.ok = e == cudaSuccess;
+  mine.base = (uint64_t)(uintptr_t)buf;
+  char mine_why[200] = "";
+  if (!mine.ok) snprintf(mine_why, sizeof mine_why, "rank %d cannot export device memory: %s", comm->rank,
+                         cudaGetErrorString(e));
+  cudaGetLastError();
+  p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
+  unsigned char **peer = (unsigned char **)calloc((size_t)W, sizeof *peer);
+  unsigned char *opened = (unsigned char *)calloc((size_t)W, 1);
+  int32_t *verdicts = (int32_t *)calloc((size_t)W, sizeof(int32_t));
+  mc_result_t rc = MC_SUCCESS;
+  if (!cards || !peer || !opened || !verdicts) /* as at a2a create: out of host memory ends it here */
+    rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  /* every rank that got here takes part in both allgathers, whatever failed locally */
+  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
+  int32_t bad = rc != MC_SUCCESS || !mine.ok || map_peers(comm, cards, peer, opened, mine_why, sizeof mine_why);
+  for (int r = 0; opened && r < W; r++)
+    if (opened[r]) cudaIpcCloseMemHandle(peer[r]);
+  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &bad, verdicts, sizeof bad);
+  int first_bad = -1;
+  for (int r = 0; rc == MC_SUCCESS && r < W && first_bad < 0; r++)
+    if (verdicts[r]) first_bad = r;
+  if (rc == MC_SUCCESS) {
+    *reachable = first_bad < 0;
+    if (first_bad >= 0)
+      snprintf(why, why_n, "%s", first_bad == comm->rank ? mine_why : "a peer cannot map every rank's memory");
+  }
+  /* every peer closed its mapping of buf before the second allgather */
+  if (buf) cudaFree(buf);
+  cudaGetLastError();
+  free(cards);
+  free(peer);
+  free(opened);
+  free(verdicts);
+  return rc;
 }
 
 extern "C" const mc_transport_ops_t mc_p2p_ops = {

@@ -92,10 +92,12 @@ static void rank_main(run_ctx_t *ctx) {
   }
   mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
   cc.group_size = G;
-  cc.transport = o->transport;
+  cc.transport = o->auto_transport ? MC_TRANSPORT_AUTO : o->transport;
   cc.timeout_ms = o->timeout_ms;
   cc.device = device;
+  me->transport = -1;
   API(mc_comm_create(&ctx->oob, &cc, &comm));
+  me->transport = (int)mc_comm_transport(comm);
   mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
   ac.max_tokens = c->max_tokens;
   ac.num_experts = c->num_experts;

@@ -35,9 +35,11 @@ typedef struct mc_run_opts {
   /* optional second dense baseline with the same bytes (mc-bench: NCCL), run
    * in every rank after the first; 0 on success */
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
+  int auto_transport; /* 1: the communicator asks for MC_TRANSPORT_AUTO; buffers are placed as for
+                         `transport` (say which kind auto should pick); ranks[r].transport says what it did */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
@@ -48,6 +50,7 @@ typedef struct mc_run_rank {
   double max_err;         /* max |out - ideal| / (sum |w y| + 1e-6) seen */
   double wall_s;          /* the whole run on this rank */
   int rc_after_timeout;   /* what the next call returned after a timeout */
+  int transport;          /* mc_comm_transport() of this rank's communicator (-1: none made) */
 } mc_run_rank_t;
 
 typedef struct mc_run_result {
