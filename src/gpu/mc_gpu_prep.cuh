@@ -36,7 +36,7 @@ static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
  * the last block to arrive turns every column into each chunk's base (a
  * scan over chunks) and leaves the totals in smem and the round's verdict
  * in *bad. Returns 1 in the last block only. (One block alone skips this
- * round trip through memory: 2-3 us at 1 and 128 tokens, perf-notes 15.) */
+ * and keeps its counts in shared memory.) */
 MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int cols, int *bad) {
   const int tid = threadIdx.x;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
