@@ -7,7 +7,7 @@
 # AB_POINTS: tokens per rank (default "1 32 128"); AB_VARIANTS: extra
 # environments for this tree (default "MC_GPU_DSEND=pair"). A table last.
 set -uo pipefail
-old=$1; n=${2:-2}
+old=$(cd "$1" && pwd) || exit 2; n=${2:-2}
 out=${OUT:-$PWD/gpu-ab-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."

@@ -21,6 +21,10 @@ cd "$(dirname "$0")/.."
 deadline=$(( $(date +%s) + ${MC_MULTI_SECONDS:-420} ))
 time_for() { [ $(( deadline - $(date +%s) )) -ge "$1" ]; } # seconds a step may need
 n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "$n" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then # as mc-launch.sh counts them
+  v=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
+  if [ "$v" -lt "$n" ]; then n=$v; fi
+fi
 if [ "$n" -lt 2 ]; then echo "gpu-multi: needs at least 2 GPUs, found $n" >&2; exit 1; fi
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
@@ -39,7 +43,8 @@ run_test() { # tag ranks test [VAR=value ...]
   then r=PASS; else r="FAIL($?)"; tail -6 "$out/test-$tag-$t.log"; fi
   results+=("$tag $t $r $(( $(date +%s) - s ))s")
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds
+       gpu_auto_transport"
 for tp in nvshmem p2p; do
   for t in $tests; do run_test "$tp-ep$n" "$n" "$t" MC_TEST_TRANSPORT=$tp MC_TEST_MAX_WORLD=$n; done
 done
@@ -70,8 +75,9 @@ done
 for v in MC_GPU_PULL=1 MC_GPU_DSEND=pair; do
   for t in 128 4096; do
     f="$out/bench-p2p-$(echo "${v#MC_GPU_}" | tr 'A-Z=' 'a-z-')-ep$n-t$t"
-    time_for 60 && env "$v" timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
-      --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err"
+    time_for 60 && { env "$v" timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
+      --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err" ||
+      echo "{\"failed\": $?}" >> "$f.json"; }
   done
 done
 # at most 8 files come back: logs and JSON in one archive each

@@ -153,7 +153,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_many_rounds"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
@@ -165,7 +165,7 @@ run_test gpu_ep_sizes MC_GPU_SCOPE=sys
 run_test gpu_ep_sizes MC_GPU_DSEND=pair
 run_test gpu_ep_sizes MC_GPU_PULL=1 MC_TEST_TRANSPORT=p2p
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
-for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
+for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 
 if [ "$mode" = tests ]; then
   printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"

@@ -19,7 +19,11 @@ n=$1; shift
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # nvidia-smi lists every GPU; CUDA_VISIBLE_DEVICES says which ones ranks see
 # (e.g. the one-GPU testbed, CUDA_VISIBLE_DEVICES=0, on a machine of two)
-if [ "$gpus" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .); fi
+# (set but empty: none; more entries than GPUs: the GPUs)
+if [ "$gpus" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+  v=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
+  if [ "$v" -lt "$gpus" ]; then gpus=$v; fi
+fi
 if [ "$gpus" -lt 1 ]; then echo "mc-launch: no GPU visible (nvidia-smi -L)" >&2; exit 1; fi
 
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NCCL=1
@@ -38,6 +42,8 @@ if [ "$n" -gt "$gpus" ] && [ -z "${MC_NO_MPS:-}" ]; then
   trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
   export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MC_MPS_PERCENT:-$(( 100 / per ))}
   echo "mc-launch: $n ranks on $gpus GPU(s) under MPS, $per per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE}% of the SMs each" >&2
+elif [ "$n" -gt "$gpus" ]; then
+  echo "mc-launch: $n ranks on $gpus GPU(s), time-sliced (MC_NO_MPS)" >&2
 else
   echo "mc-launch: $n ranks, one per GPU" >&2
 fi

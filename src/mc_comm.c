@@ -172,19 +172,22 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   free(all);
   /* auto with a GPU: p2p when every rank is on this host and every rank
    * can map every peer's memory (a probe: export, open, close, agree),
-   * else nvshmem; without nvshmem in this build, p2p on one host (its a2a
-   * create then names the peer it cannot map). mc_comm_transport() reports
-   * the choice; MC_VERBOSE=1 prints it, with why p2p was not taken. */
+   * else nvshmem; but p2p anyway where nvshmem cannot serve: ranks that are
+   * threads of one process (NVSHMEM takes one PE per process), or a build
+   * without nvshmem (p2p's a2a create then names the peer it cannot map).
+   * mc_comm_transport() reports the choice; MC_VERBOSE=1 prints it, with
+   * why p2p was not taken. */
   if (transport == MC_TRANSPORT_AUTO) {
-    int reach = 0;
+    int reach = 0, threads = 0;
     char why[200] = "not every rank is on this host";
 #ifdef MC_HAVE_CUDA
-    if (rc == MC_SUCCESS && one_host) rc = mc_p2p_probe(comm, &reach, why, sizeof why);
+    if (rc == MC_SUCCESS && one_host) rc = mc_p2p_probe(comm, &reach, &threads, why, sizeof why);
 #endif
-    transport = reach                                   ? MC_TRANSPORT_P2P
-                : mc_transport_ops(MC_TRANSPORT_NVSHMEM) ? MC_TRANSPORT_NVSHMEM
-                : one_host && mc_transport_ops(MC_TRANSPORT_P2P) ? MC_TRANSPORT_P2P
-                                                                 : MC_TRANSPORT_CPU;
+    const int p2p_ok = one_host && mc_transport_ops(MC_TRANSPORT_P2P) != NULL;
+    transport = reach || (p2p_ok && threads)               ? MC_TRANSPORT_P2P
+                : mc_transport_ops(MC_TRANSPORT_NVSHMEM)   ? MC_TRANSPORT_NVSHMEM
+                : p2p_ok                                   ? MC_TRANSPORT_P2P
+                                                           : MC_TRANSPORT_CPU;
     const char *v = getenv("MC_VERBOSE");
     if (rc == MC_SUCCESS && comm->rank == 0 && v && strcmp(v, "1") == 0)
       fprintf(stderr, "moecomm: transport auto -> %s%s%s%s\n", mc_transport_name(transport), reach ? "" : " (p2p: ",

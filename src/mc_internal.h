@@ -86,8 +86,9 @@ extern const mc_transport_ops_t mc_cpu_ops;
 #ifdef MC_HAVE_CUDA
 extern const mc_transport_ops_t mc_p2p_ops;
 /* Collective: *reachable = 1 when every rank can map every peer's device
- * memory (auto then picks p2p); else why says which rank could not. */
-mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, char *why, size_t why_n);
+ * memory (auto then picks p2p), else why says which rank could not and why;
+ * *threads = 1 when some ranks are threads of one process. */
+mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *threads, char *why, size_t why_n);
 #endif
 #ifdef MC_HAVE_NVSHMEM
 extern const mc_transport_ops_t mc_nvshmem_ops;

@@ -55,8 +55,9 @@ extern uint64_t mc_test_seed;
 #include "test_list.h"
 #undef MC_TEST
 
-/* A stalled rank makes the others time out (test_failures.c; the GPU tests use it too). */
-int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms);
+/* A stalled rank (world / 2) makes the other world - 1 time out (test_failures.c;
+ * the GPU tests use it too). */
+int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms, int world);
 
 /* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
 static inline uint64_t mc_test_rand(uint64_t *state) {

@@ -2,6 +2,7 @@
  * timeout that names it, within the timeout, never hang: as a thread that
  * goes silent and as a process that is killed. And the wire and memory
  * claims of DESIGN.md §3, counted by the library itself. */
+#include <stdio.h>
 #include <string.h>
 
 #include "mc_layout.h"
@@ -12,10 +13,11 @@
  * killed with SIGKILL): every other rank must return MC_ERR_TIMEOUT within
  * the timeout, naming that rank and the round, and its handle must then
  * refuse further work with MC_ERR_ABORTED. Shared with the GPU tests. */
-int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms) {
+int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms, int world) {
+  const int stalled = world / 2;
   mc_case_t c;
   mc_ref_random_case(mc_test_seed, &c);
-  c.world_size = 4;
+  c.world_size = world;
   c.group_size = 1;
   c.num_experts = 16;
   c.topk = 4;
@@ -26,17 +28,19 @@ int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms)
   o.timeout_ms = timeout_ms;
   o.processes = processes;
   o.transport = transport;
-  o.stall_rank = 2;
+  o.stall_rank = stalled;
   o.stall_round = 2;
   mc_run_result_t res;
   int failed = mc_run(&c, &o, &res);
-  MC_CHECK(failed >= 3);
-  for (int r = 0; r < 4; r++) {
-    if (r == 2) continue;
+  MC_CHECK(failed >= world - 1);
+  char waiting[40];
+  snprintf(waiting, sizeof waiting, "waiting for rank %d", stalled);
+  for (int r = 0; r < world; r++) {
+    if (r == stalled) continue;
     const mc_run_rank_t *me = &res.ranks[r];
     fprintf(stderr, "rank %d: %s\n", r, me->msg);
     MC_CHECK_MSG(me->failed && me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
-    MC_CHECK_MSG(strstr(me->msg, "waiting for rank 2") != NULL, "rank %d: %s", r, me->msg);
+    MC_CHECK_MSG(strstr(me->msg, waiting) != NULL, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(strstr(me->msg, "round 3") != NULL, "rank %d: %s", r, me->msg); /* the stalled round */
     MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: next call gave %s", r,
                  mc_result_string((mc_result_t)me->rc_after_timeout));
@@ -45,8 +49,8 @@ int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms)
   return 0;
 }
 
-int test_stall_thread(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 0, 300); }
-int test_stall_process(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 1, 300); }
+int test_stall_thread(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 0, 300, 4); }
+int test_stall_process(void) { return mc_test_check_stall(MC_TRANSPORT_CPU, 1, 300, 4); }
 
 int test_wire_bytes(void) {
   /* Tokens whose top-8 sit on one or two ranks: one record per (token, rank),

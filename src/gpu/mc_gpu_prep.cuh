@@ -47,7 +47,9 @@ MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int co
   if (tid == 0) {
     if (*bad) atomicOr(&sc[MC_WS_PREP_BAD], 1u);
     __threadfence(); /* our counts and verdict before our arrival */
-    last = atomicAdd(&sc[MC_WS_DONE_PREP], 1u) == gridDim.x - 1;
+    const unsigned int arrived = atomicAdd(&sc[MC_WS_DONE_PREP], 1u);
+    __threadfence(); /* and the earlier arrivals' counts after it (the barrier below passes them on) */
+    last = arrived == gridDim.x - 1;
   }
   __syncthreads();
   if (!last) return 0;

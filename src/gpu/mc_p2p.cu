@@ -192,48 +192,62 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
 
 /* Auto's question at comm create, on one host: can every rank map every
  * peer's memory? Each rank exports a small buffer and opens every peer's as
- * a2a create would, closes them, and the verdicts are allgathered, so every
- * rank gets the same answer (and the first refusal's reason in why). */
-extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, char *why, size_t why_n) {
+ * a2a create would, closes them, and the verdicts (with the reason, and
+ * whether some ranks are threads of one process) are allgathered, so every
+ * rank gets the same answers. A local failure (the device, the export) is a
+ * verdict, not an early return: every rank makes both allgathers. */
+typedef struct p2p_verdict {
+  int32_t bad;     /* this rank cannot map every peer */
+  int32_t threads; /* another rank is a thread of this rank's process */
+  char why[120];
+} p2p_verdict_t;
+
+extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *threads, char *why, size_t why_n) {
   const int W = comm->world_size;
   *reachable = 0;
+  *threads = 0;
   why[0] = 0;
-  if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
-    return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
+  p2p_verdict_t v;
+  memset(&v, 0, sizeof v);
   p2p_card_t mine;
   memset(&mine, 0, sizeof mine);
   mine.host = mc_host_id();
   mine.pid = (int32_t)getpid();
-  cudaGetDevice(&mine.device);
   void *buf = NULL;
-  cudaError_t e = cudaMalloc(&buf, 256);
+  cudaError_t e = comm->device >= 0 ? cudaSetDevice(comm->device) : cudaSuccess;
+  if (e == cudaSuccess) e = cudaGetDevice(&mine.device);
+  if (e == cudaSuccess) e = cudaMalloc(&buf, 256);
   if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, buf);
   mine.ok = e == cudaSuccess;
   mine.base = (uint64_t)(uintptr_t)buf;
-  char mine_why[200] = "";
-  if (!mine.ok) snprintf(mine_why, sizeof mine_why, "rank %d cannot export device memory: %s", comm->rank,
-                         cudaGetErrorString(e));
+  if (!mine.ok) snprintf(v.why, sizeof v.why, "cannot export device memory: %s", cudaGetErrorString(e));
   cudaGetLastError();
   p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
   unsigned char **peer = (unsigned char **)calloc((size_t)W, sizeof *peer);
   unsigned char *opened = (unsigned char *)calloc((size_t)W, 1);
-  int32_t *verdicts = (int32_t *)calloc((size_t)W, sizeof(int32_t));
+  p2p_verdict_t *all = (p2p_verdict_t *)calloc((size_t)W, sizeof *all);
   mc_result_t rc = MC_SUCCESS;
-  if (!cards || !peer || !opened || !verdicts) /* as at a2a create: out of host memory ends it here */
+  if (!cards || !peer || !opened || !all) /* as at a2a create: out of host memory ends it here */
     rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
-  /* every rank that got here takes part in both allgathers, whatever failed locally */
   if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
-  int32_t bad = rc != MC_SUCCESS || !mine.ok || map_peers(comm, cards, peer, opened, mine_why, sizeof mine_why);
-  for (int r = 0; opened && r < W; r++)
-    if (opened[r]) cudaIpcCloseMemHandle(peer[r]);
-  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &bad, verdicts, sizeof bad);
-  int first_bad = -1;
-  for (int r = 0; rc == MC_SUCCESS && r < W && first_bad < 0; r++)
-    if (verdicts[r]) first_bad = r;
+  if (rc == MC_SUCCESS) { /* a broken allgather is the out-of-band's failure: nothing more to agree on */
+    for (int r = 0; r < W; r++)
+      v.threads |= r != comm->rank && cards[r].host == mine.host && cards[r].pid == mine.pid;
+    if (mine.ok) v.bad = map_peers(comm, cards, peer, opened, v.why, sizeof v.why);
+    else v.bad = 1;
+    for (int r = 0; r < W; r++)
+      if (opened[r]) cudaIpcCloseMemHandle(peer[r]);
+    cudaGetLastError();
+    rc = mc_comm_allgather(comm, &v, all, sizeof v);
+  }
   if (rc == MC_SUCCESS) {
+    int first_bad = -1;
+    for (int r = 0; r < W; r++) {
+      *threads |= all[r].threads;
+      if (all[r].bad && first_bad < 0) first_bad = r;
+    }
     *reachable = first_bad < 0;
-    if (first_bad >= 0)
-      snprintf(why, why_n, "%s", first_bad == comm->rank ? mine_why : "a peer cannot map every rank's memory");
+    if (first_bad >= 0) snprintf(why, why_n, "rank %d: %.*s", first_bad, (int)sizeof all[0].why, all[first_bad].why);
   }
   /* every peer closed its mapping of buf before the second allgather */
   if (buf) cudaFree(buf);
@@ -241,7 +255,7 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, char *why, 
   free(cards);
   free(peer);
   free(opened);
-  free(verdicts);
+  free(all);
   return rc;
 }
 

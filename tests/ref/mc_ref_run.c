@@ -73,6 +73,7 @@ static void rank_main(run_ctx_t *ctx) {
   const int nh = o->handles > 0 ? o->handles : 1;
   const int gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
   mc_run_rank_t *me = &ctx->res->ranks[rank];
+  me->transport = -1; /* until a communicator exists */
   double *samples = ctx->res->samples_us + (size_t)rank * MC_PH_COUNT * (size_t)ctx->res->rounds;
   mc_comm_t *comm = NULL;
   mc_a2a_t *hs[64] = {0}, *a2a = NULL;
@@ -95,7 +96,6 @@ static void rank_main(run_ctx_t *ctx) {
   cc.transport = o->auto_transport ? MC_TRANSPORT_AUTO : o->transport;
   cc.timeout_ms = o->timeout_ms;
   cc.device = device;
-  me->transport = -1;
   API(mc_comm_create(&ctx->oob, &cc, &comm));
   me->transport = (int)mc_comm_transport(comm);
   mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
