@@ -5,7 +5,7 @@
 # different machines differ by a few us). OLD_TREE: a plain copy of the old
 # commit inside the repo, e.g. `git archive REV | tar -x -C ab-old`.
 # AB_POINTS: tokens per rank (default "1 32 128"); AB_VARIANTS: extra
-# environments for this tree (default "MC_GPU_DSEND=pair"). A table last.
+# environments for this tree, each timed too (e.g. "MC_GPU_PULL=1"). A table last.
 set -uo pipefail
 old=$(cd "$1" && pwd) || exit 2; n=${2:-2}
 out=${OUT:-$PWD/gpu-ab-out}
@@ -23,7 +23,7 @@ one() { # label bench env...
 for t in ${AB_POINTS:-1 32 128}; do
   for rep in 1 2; do
     one "old$rep" "$old/build-ab/mc-bench" "$t"
-    for v in ${AB_VARIANTS:-MC_GPU_DSEND=pair}; do one "$(echo "$v" | tr 'A-Z=' 'a-z-')$rep" build-ab/mc-bench "$t" "$v"; done
+    for v in ${AB_VARIANTS:-}; do one "$(echo "$v" | tr 'A-Z=' 'a-z-')$rep" build-ab/mc-bench "$t" "$v"; done
     one "new$rep" build-ab/mc-bench "$t"
   done
 done

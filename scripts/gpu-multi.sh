@@ -20,11 +20,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 deadline=$(( $(date +%s) + ${MC_MULTI_SECONDS:-420} ))
 time_for() { [ $(( deadline - $(date +%s) )) -ge "$1" ]; } # seconds a step may need
-n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "$n" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then # as mc-launch.sh counts them
-  v=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
-  if [ "$v" -lt "$n" ]; then n=$v; fi
-fi
+n=$(scripts/mc-launch.sh --gpus) # the GPUs the ranks will see (CUDA_VISIBLE_DEVICES too)
 if [ "$n" -lt 2 ]; then echo "gpu-multi: needs at least 2 GPUs, found $n" >&2; exit 1; fi
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
@@ -69,16 +65,12 @@ for tr in nvshmem p2p; do
   NVSHMEM_SYMMETRIC_SIZE=40G bench "$tr" 4096 120 -r 50 -w 5 --check-first 1
 done
 # p2p with dispatch pulling records over NVLink instead of pushing them
-# (MC_GPU_PULL=1, perf-notes 14), against the p2p runs above
-# and with dispatch-send's earlier warp per (token, rank) (MC_GPU_DSEND=pair,
-# perf-notes 16)
-for v in MC_GPU_PULL=1 MC_GPU_DSEND=pair; do
-  for t in 128 4096; do
-    f="$out/bench-p2p-$(echo "${v#MC_GPU_}" | tr 'A-Z=' 'a-z-')-ep$n-t$t"
-    time_for 60 && { env "$v" timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
-      --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err" ||
-      echo "{\"failed\": $?}" >> "$f.json"; }
-  done
+# (MC_GPU_PULL=1, perf-notes 17), against the p2p runs above
+for t in 128 4096; do
+  f="$out/bench-p2p-pull-ep$n-t$t"
+  time_for 60 && { MC_GPU_PULL=1 timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
+    --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err" ||
+    echo "{\"failed\": $?}" >> "$f.json"; }
 done
 # at most 8 files come back: logs and JSON in one archive each
 (cd "$out" && tar czf logs.tgz --remove-files $(ls *.log *.err 2>/dev/null) 2>/dev/null || true)

@@ -161,8 +161,7 @@ for t in $tests; do run_test "$t"; done
 # (what a NIC carries), system-scope signals (what several GPUs need)
 run_test gpu_ep_sizes MC_GPU_STAGED=1
 run_test gpu_ep_sizes MC_GPU_SCOPE=sys
-# dispatch-send's other loop (a warp per (token, rank)) and pull mode
-run_test gpu_ep_sizes MC_GPU_DSEND=pair
+# pull mode
 run_test gpu_ep_sizes MC_GPU_PULL=1 MC_TEST_TRANSPORT=p2p
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
 for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
@@ -195,8 +194,8 @@ for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 # p2p in the same run: the same points (its dense baseline is nvshmem's above)
 for t in $tok_list; do BT=p2p bench "p2p-dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
-# dispatch-send's earlier warp per (token, rank), in the same run (perf-notes 16)
-for t in 128 512; do BENV=MC_GPU_DSEND=pair BT=p2p bench "p2p-pair-t$t" -t "$t" -r 200 -w 20; done
+# pull mode, in the same run (perf-notes 17)
+for t in 128 512; do BENV=MC_GPU_PULL=1 BT=p2p bench "p2p-pull-t$t" -t "$t" -r 200 -w 20; done
 if [ "$mode" = full ]; then
   # the same calls with no CUDA event between a send and its recv (under
   # MPS each event costs the GPU several us), eager and as graph replays

@@ -11,11 +11,8 @@
 #   receive kernels spinning on every SM kept a sender's kernel from starting until the timeout (perf-notes 7);
 # - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
 #   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
+# mc-launch.sh --gpus prints the count of GPUs the ranks would see, and exits.
 set -euo pipefail
-if [ $# -lt 2 ]; then echo "usage: $0 N -- COMMAND..." >&2; exit 2; fi
-n=$1; shift
-[ "${1:-}" = "--" ] && shift
-
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # nvidia-smi lists every GPU; CUDA_VISIBLE_DEVICES says which ones ranks see
 # (e.g. the one-GPU testbed, CUDA_VISIBLE_DEVICES=0, on a machine of two)
@@ -24,6 +21,10 @@ if [ "$gpus" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
   v=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
   if [ "$v" -lt "$gpus" ]; then gpus=$v; fi
 fi
+if [ "${1:-}" = --gpus ]; then echo "$gpus"; exit 0; fi
+if [ $# -lt 2 ]; then echo "usage: $0 N -- COMMAND... | $0 --gpus" >&2; exit 2; fi
+n=$1; shift
+[ "${1:-}" = "--" ] && shift
 if [ "$gpus" -lt 1 ]; then echo "mc-launch: no GPU visible (nvidia-smi -L)" >&2; exit 1; fi
 
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NCCL=1

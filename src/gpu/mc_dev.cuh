@@ -141,23 +141,11 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   }
 }
 
-/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp,
- * four 16-byte loads in flight per lane before their stores: a copy is a
- * chain of memory latencies otherwise (the compiler may not hoist a load
- * above a store that could alias it). */
-MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane) {
-  int4 *d = (int4 *)dst;
-  const int4 *s = (const int4 *)src;
-  const uint64_t n = bytes / 16;
-  uint64_t i = (uint64_t)lane;
-  for (; i + 96 < n; i += 128) {
-    int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
-    d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
-  }
-  for (; i < n; i += 32) d[i] = s[i];
-}
-/* The same copy to n destinations (dst[j] + off, j < n): each 16-byte
- * piece is loaded once and stored n times. A record read once for all the
+/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp to n
+ * destinations (dst[j] + off, j < n): four 16-byte loads in flight per lane
+ * before their stores (a copy is a chain of memory latencies otherwise: the
+ * compiler may not hoist a load above a store that could alias it), each
+ * piece loaded once and stored n times: a record is read once for all the
  * ranks, or all the local experts, it goes to (perf-notes 16). */
 MC_DEV void mc_warp_copy16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
                               int lane) {
@@ -176,14 +164,13 @@ MC_DEV void mc_warp_copy16_to(unsigned char *const *dst, int n, uint64_t off, co
     for (int j = 0; j < n; j++) ((int4 *)(dst[j] + off))[i] = a;
   }
 }
-/* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp. */
-MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
-  int *d = (int *)dst;
-  const int *s = (const int *)src;
-  for (uint64_t i = (uint64_t)lane; i < bytes / 4; i += 32) d[i] = s[i];
+/* ... and to one destination */
+MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane) {
+  unsigned char *d = (unsigned char *)dst;
+  mc_warp_copy16_to(&d, 1, 0, src, bytes, lane);
 }
-
-/* ... and to n destinations (dst[j] + off), each word loaded once. */
+/* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp to n
+ * destinations (dst[j] + off), each word loaded once. */
 MC_DEV void mc_warp_copy4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
                              int lane) {
   const int *s = (const int *)src;
@@ -191,6 +178,10 @@ MC_DEV void mc_warp_copy4_to(unsigned char *const *dst, int n, uint64_t off, con
     const int v = s[i];
     for (int j = 0; j < n; j++) ((int *)(dst[j] + off))[i] = v;
   }
+}
+MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
+  unsigned char *d = (unsigned char *)dst;
+  mc_warp_copy4_to(&d, 1, 0, src, bytes, lane);
 }
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }

@@ -51,7 +51,6 @@ typedef struct mc_kargs {
   int direct;  /* 1: store into directly reachable peers; 0: always stage and put (MC_GPU_STAGED=1) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
   int pull;      /* MC_GPU_PULL=1, every peer direct: receivers read records from senders' staging */
-  int dsend_per_token; /* 1: dispatch-send takes a warp per token, 0 (MC_GPU_DSEND=pair): per (token, rank) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
 } mc_kargs_t;
 

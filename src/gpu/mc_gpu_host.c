@@ -93,9 +93,6 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   g->grid = grid_size(dev);
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
-  /* MC_GPU_DSEND=pair: dispatch-send's earlier warp per (token, rank), to
-   * measure against the warp per token (perf-notes 16) */
-  g->dsend_per_token = !(getenv("MC_GPU_DSEND") && strcmp(getenv("MC_GPU_DSEND"), "pair") == 0);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaMemset(g->ws, 0, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&g->err_h, sizeof(mc_dev_error_t), cudaHostAllocMapped);
@@ -212,7 +209,6 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->direct = g->direct;
   ka->gpu_scope = g->gpu_scope;
   ka->pull = g->pull;
-  ka->dsend_per_token = g->dsend_per_token;
   ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;

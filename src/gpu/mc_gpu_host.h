@@ -17,7 +17,6 @@ typedef struct mc_gpu {
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
   int pull;                /* dispatch pulls records (MC_GPU_PULL=1, experimental): see mc_gpu_decide_scope */
-  int dsend_per_token;     /* dispatch-send: a warp per token (default) or per (token, rank) (MC_GPU_DSEND=pair) */
   void *peers;             /* kernel argument: p2p's device table of peer windows */
   void *tstate;            /* the transport's own host state (p2p: mappings) */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */

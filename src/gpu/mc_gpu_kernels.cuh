@@ -98,12 +98,16 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
   }
 }
 
-/* ---- dispatch-send, part 2b: one warp per (token, destination rank) ----
- * A directly reachable destination gets the record stored straight into its
- * window (header from staging, payload and scales from the caller's
- * buffers), then its record counter is bumped with a release; any other
- * gets the staged record by put-with-signal. Direct records are counted
- * per block and signalled at the end (mc_block_signal_counts). */
+/* ---- dispatch-send, part 2b: one warp per token ----
+ * The record is loaded once (header from staging, payload and scales from
+ * the caller's buffers) and stored straight into the window of every
+ * directly reachable destination; any other gets the staged record by
+ * put-with-signal; in pull mode a direct destination gets only the
+ * record's index in this rank's staging (packed by mc_k_dispatch_pack) and
+ * reads the record from there into its expert_x. Direct records are
+ * counted per block and signalled at the end (mc_block_signal_counts).
+ * (A warp per (token, rank) read each token once per rank: dispatch 165 ->
+ * 149 us at EP8 on one GPU, equal at EP2; perf-notes 16.) */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -122,66 +126,32 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
   const uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
   const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
-  if (a.dsend_per_token) {
-    /* a warp per token: its record loaded once (header from staging,
-     * payload and scales from the caller) and stored into every directly
-     * reachable destination's window; other destinations get the staged
-     * record by put, pull mode only the staging index */
-    for (int t = begin + gw; t < end; t += nw) {
-      const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-      unsigned char *dst[MC_MAX_TOPK];
-      int n = 0;
-      for (int j = 0; j < n_dests[t]; j++) {
-        const int d = dests[(int64_t)t * K + j];
-        const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
-        unsigned char *peer = mc_t_peer_window(&a, d);
-        if (!peer) {
-          mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
-          continue;
-        }
-        if (lane == 0) atomicAdd(&count[d], 1u);
-        if (a.pull) {
-          if (lane == 0) *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
-          continue;
-        }
-        dst[n++] = peer + dst_off;
-      }
-      if (!n) continue;
-      mc_warp_copy16_to(dst, n, 0, rec, hdr, lane);
-      mc_warp_copy16_to(dst, n, mc_record_payload_off(s),
-                        (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes, s->token_bytes, lane);
-      if (s->scale_bytes)
-        mc_warp_copy4_to(dst, n, mc_record_scale_off(s),
-                         (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes, s->scale_bytes, lane);
-    }
-  }
-  for (int it = a.dsend_per_token ? INT32_MAX : gw; it < (end - begin) * K; it += nw) { /* a warp per (token, rank) */
-    const int t = begin + it / K, j = it % K;
-    if (j >= n_dests[t]) continue;
-    const int d = dests[(int64_t)t * K + j];
-    const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
+  for (int t = begin + gw; t < end; t += nw) {
     const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-    unsigned char *peer = mc_t_peer_window(&a, d);
-    if (peer && a.pull) {
-      /* pull mode: where the record would go, only its index in this
-       * rank's staging (packed by mc_k_dispatch_pack); the receiver reads
-       * the record from there, straight into its expert_x */
-      if (lane == 0) {
-        *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
-        atomicAdd(&count[d], 1u);
+    unsigned char *dst[MC_MAX_TOPK];
+    int n = 0;
+    for (int j = 0; j < n_dests[t]; j++) {
+      const int d = dests[(int64_t)t * K + j];
+      const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
+      unsigned char *peer = mc_t_peer_window(&a, d);
+      if (!peer) {
+        mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
+        continue;
       }
-    } else if (peer) {
-      unsigned char *dst = peer + dst_off;
-      mc_warp_copy16(dst, rec, hdr, lane);
-      mc_warp_copy16(dst + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
-                     s->token_bytes, lane);
-      if (s->scale_bytes)
-        mc_warp_copy4(dst + mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
-                      s->scale_bytes, lane);
       if (lane == 0) atomicAdd(&count[d], 1u);
-    } else {
-      mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
+      if (a.pull) {
+        if (lane == 0) *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
+        continue;
+      }
+      dst[n++] = peer + dst_off;
     }
+    if (!n) continue;
+    mc_warp_copy16_to(dst, n, 0, rec, hdr, lane);
+    mc_warp_copy16_to(dst, n, mc_record_payload_off(s),
+                      (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes, s->token_bytes, lane);
+    if (s->scale_bytes)
+      mc_warp_copy4_to(dst, n, mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
+                       s->scale_bytes, lane);
   }
   /* metas to every rank (zero records included), one warp per rank */
   for (int d = nw - 1 - gw; d < W; d += nw) {

@@ -35,7 +35,7 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   case MC_PHASE_DSEND: {
     /* a prep block per chunk of the call's tokens; the fix only where there
      * are several chunks (bound_m may leave some empty: they count zero) */
-    const int chunk = mc_prep_warps(&a2a->shape) * 32, chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
+    const int chunk = mc_prep_chunk(&a2a->shape), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
     mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
     if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
     if (g->staged || g->pull) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);

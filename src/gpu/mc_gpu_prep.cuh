@@ -22,6 +22,8 @@ static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
   if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
   return w < 1 ? 1 : (int)w;
 }
+/* Tokens per prep block: its scanning warps x 32 (>= MC_PREP_MIN_CHUNK). */
+static inline __host__ __device__ int mc_prep_chunk(const mc_shape_t *s) { return mc_prep_warps(s) * 32; }
 /* Dynamic shared memory of the two kernels that carve it, beside the carving:
  * prep: count[E + W], rexp[W], mask[warps][E + W] (more than the default
  * 48 KB only near the limits of 4096 experts and 1024 ranks: the host then
@@ -125,7 +127,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
   uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
   uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
-  const int base = blockIdx.x * NW * 32; /* this block's chunk */
+  const int base = blockIdx.x * mc_prep_chunk(s); /* this block's chunk */
   if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
     __syncthreads(); /* the masks (and, first time, the counts) are zero */
@@ -279,7 +281,7 @@ static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
-  const int K = s->topk, E = s->num_experts, W = s->world_size, P = mc_prep_warps(s) * 32;
+  const int K = s->topk, E = s->num_experts, W = s->world_size, P = mc_prep_chunk(s);
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
   const int from = begin > P ? begin : P;

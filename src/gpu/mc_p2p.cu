@@ -44,9 +44,9 @@ typedef struct p2p_card {
 } p2p_card_t;
 
 typedef struct p2p_state {
-  unsigned char **peer;   /* [W] each peer's window as this process addresses it */
-  unsigned char *opened;  /* [W] 1: mapped by cudaIpcOpenMemHandle (closed at destroy) */
-  unsigned char **table;  /* the same table in device memory (kernel argument) */
+  unsigned char **peer;  /* [W] each peer's window as this process addresses it */
+  unsigned char *opened; /* [W] 1: mapped by cudaIpcOpenMemHandle (closed at destroy) */
+  unsigned char **table; /* the same table in device memory (kernel argument) */
 } p2p_state_t;
 
 static mc_result_t p2p_comm_init(mc_comm_t *comm) {
@@ -116,6 +116,62 @@ static int map_peers(const mc_comm_t *comm, const p2p_card_t *cards, unsigned ch
   return 0;
 }
 
+/* A rank's verdict after mapping: the reason is its own, so that every
+ * rank can report the first failing rank's reason, not just its number. */
+typedef struct p2p_verdict {
+  int32_t bad;     /* this rank cannot map every peer */
+  int32_t threads; /* another rank is a thread of this rank's process */
+  char why[120];
+} p2p_verdict_t;
+
+/* Everyone's card, then everyone's verdict, so that all ranks decide
+ * together: map every peer (peer[], opened[]); with close_first (the probe)
+ * close what was opened before the verdicts, so that each owner may free
+ * its buffer once they are in. A local failure (mine->ok = 0, mine_why) is
+ * a verdict, never an early return: every rank makes both allgathers; out
+ * of host memory ends it before them, as anywhere at create (the error
+ * into err; the allgathers' into comm->err). On return
+ * *first_bad is the first rank that could not map every peer (-1: none),
+ * why that rank's reason (the same on every rank), *threads whether some
+ * ranks are threads of one process. */
+static mc_result_t p2p_agree(mc_comm_t *comm, char *err, const p2p_card_t *mine, const char *mine_why,
+                             unsigned char **peer, unsigned char *opened, int close_first, int *first_bad, int *threads,
+                             char *why, size_t why_n) {
+  const int W = comm->world_size;
+  *first_bad = -1;
+  *threads = 0;
+  why[0] = 0;
+  p2p_verdict_t v;
+  memset(&v, 0, sizeof v);
+  p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
+  p2p_verdict_t *all = (p2p_verdict_t *)calloc((size_t)W, sizeof *all);
+  mc_result_t rc = MC_SUCCESS;
+  if (!cards || !all) rc = mc_fail(err, MC_ERR_SYSTEM, "out of host memory");
+  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, mine, cards, sizeof *mine);
+  if (rc == MC_SUCCESS) { /* a broken allgather is the out-of-band's failure: nothing more to agree on */
+    for (int r = 0; r < W; r++)
+      v.threads |= r != comm->rank && cards[r].host == mine->host && cards[r].pid == mine->pid;
+    v.bad = 1;
+    if (!mine->ok)
+      snprintf(v.why, sizeof v.why, "%s", mine_why);
+    else
+      v.bad = map_peers(comm, cards, peer, opened, v.why, sizeof v.why);
+    for (int r = 0; close_first && r < W; r++)
+      if (opened[r]) cudaIpcCloseMemHandle(peer[r]), opened[r] = 0;
+    cudaGetLastError();
+    rc = mc_comm_allgather(comm, &v, all, sizeof v);
+  }
+  for (int r = 0; rc == MC_SUCCESS && r < W; r++) {
+    *threads |= all[r].threads;
+    if (all[r].bad && *first_bad < 0) *first_bad = r;
+  }
+  if (rc == MC_SUCCESS && *first_bad >= 0)
+    snprintf(why, why_n, "rank %d: %.*s", *first_bad, (int)sizeof all[0].why, all[*first_bad].why);
+  free(cards);
+  free(all);
+  return rc;
+}
+
 static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   mc_result_t rc = mc_gpu_create(a2a);
   if (rc != MC_SUCCESS) return rc;
@@ -124,14 +180,12 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   const int W = comm->world_size;
   const uint64_t bytes = mc_window_bytes(&a2a->shape);
   p2p_state_t *p = (p2p_state_t *)calloc(1, sizeof *p);
-  p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
   g->tstate = p;
   if (p) {
     p->peer = (unsigned char **)calloc((size_t)W, sizeof *p->peer);
     p->opened = (unsigned char *)calloc((size_t)W, 1);
   }
-  if (!p || !cards || !p->peer || !p->opened) {
-    free(cards);
+  if (!p || !p->peer || !p->opened) {
     p2p_a2a_destroy(a2a);
     return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   }
@@ -148,28 +202,15 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, g->win);
   mine.ok = e == cudaSuccess;
   mine.base = (uint64_t)(uintptr_t)g->win;
-  char why[256] = "";
-  if (!mine.ok) snprintf(why, sizeof why, "allocating or exporting its window (%llu bytes): %s",
-                         (unsigned long long)bytes, cudaGetErrorString(e));
-  /* everyone's cards, then everyone's verdict: all ranks fail together */
-  rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
-  int bad = rc != MC_SUCCESS || !mine.ok || map_peers(comm, cards, p->peer, p->opened, why + strlen(why), sizeof why - strlen(why));
-  free(cards);
-  int32_t *verdicts = (int32_t *)calloc((size_t)W, sizeof(int32_t));
-  int32_t v = bad;
-  if (rc == MC_SUCCESS && verdicts) rc = mc_comm_allgather(comm, &v, verdicts, sizeof v);
-  int first_bad = -1;
-  for (int r = 0; verdicts && rc == MC_SUCCESS && r < W && first_bad < 0; r++)
-    if (verdicts[r]) first_bad = r;
-  free(verdicts);
-  if (rc == MC_SUCCESS && first_bad >= 0) {
-    rc = first_bad == comm->rank
-             ? mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "p2p: rank %d: %s", comm->rank, why)
-             : mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
-                       "p2p: rank %d cannot map every peer's window (its error names the peer); p2p needs "
-                       "every rank reachable by loads and stores",
-                       first_bad);
-  }
+  char mine_why[120] = "", why[160];
+  if (!mine.ok)
+    snprintf(mine_why, sizeof mine_why, "allocating or exporting its window (%llu bytes): %s",
+             (unsigned long long)bytes, cudaGetErrorString(e));
+  /* all ranks fail together, each with the first failing rank's reason */
+  int first_bad = -1, threads = 0;
+  rc = p2p_agree(comm, a2a->err, &mine, mine_why, p->peer, p->opened, 0, &first_bad, &threads, why, sizeof why);
+  if (rc == MC_SUCCESS && first_bad >= 0)
+    rc = mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "p2p: %s", why);
   if (rc == MC_SUCCESS) {
     e = cudaMalloc((void **)&p->table, sizeof(unsigned char *) * (size_t)W);
     if (e == cudaSuccess)
@@ -191,24 +232,11 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
 }
 
 /* Auto's question at comm create, on one host: can every rank map every
- * peer's memory? Each rank exports a small buffer and opens every peer's as
- * a2a create would, closes them, and the verdicts (with the reason, and
- * whether some ranks are threads of one process) are allgathered, so every
- * rank gets the same answers. A local failure (the device, the export) is a
- * verdict, not an early return: every rank makes both allgathers. */
-typedef struct p2p_verdict {
-  int32_t bad;     /* this rank cannot map every peer */
-  int32_t threads; /* another rank is a thread of this rank's process */
-  char why[120];
-} p2p_verdict_t;
-
+ * peer's memory? Each rank exports a small buffer; p2p_agree opens every
+ * peer's as a2a create would, closes them, and the ranks agree. */
 extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *threads, char *why, size_t why_n) {
   const int W = comm->world_size;
   *reachable = 0;
-  *threads = 0;
-  why[0] = 0;
-  p2p_verdict_t v;
-  memset(&v, 0, sizeof v);
   p2p_card_t mine;
   memset(&mine, 0, sizeof mine);
   mine.host = mc_host_id();
@@ -220,46 +248,25 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
   if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, buf);
   mine.ok = e == cudaSuccess;
   mine.base = (uint64_t)(uintptr_t)buf;
-  if (!mine.ok) snprintf(v.why, sizeof v.why, "cannot export device memory: %s", cudaGetErrorString(e));
+  char mine_why[120] = "";
+  if (!mine.ok) snprintf(mine_why, sizeof mine_why, "cannot export device memory: %s", cudaGetErrorString(e));
   cudaGetLastError();
-  p2p_card_t *cards = (p2p_card_t *)calloc((size_t)W, sizeof *cards);
   unsigned char **peer = (unsigned char **)calloc((size_t)W, sizeof *peer);
   unsigned char *opened = (unsigned char *)calloc((size_t)W, 1);
-  p2p_verdict_t *all = (p2p_verdict_t *)calloc((size_t)W, sizeof *all);
-  mc_result_t rc = MC_SUCCESS;
-  if (!cards || !peer || !opened || !all) /* as at a2a create: out of host memory ends it here */
-    rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
-  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, cards, sizeof mine);
-  if (rc == MC_SUCCESS) { /* a broken allgather is the out-of-band's failure: nothing more to agree on */
-    for (int r = 0; r < W; r++)
-      v.threads |= r != comm->rank && cards[r].host == mine.host && cards[r].pid == mine.pid;
-    if (mine.ok) v.bad = map_peers(comm, cards, peer, opened, v.why, sizeof v.why);
-    else v.bad = 1;
-    for (int r = 0; r < W; r++)
-      if (opened[r]) cudaIpcCloseMemHandle(peer[r]);
-    cudaGetLastError();
-    rc = mc_comm_allgather(comm, &v, all, sizeof v);
-  }
-  if (rc == MC_SUCCESS) {
-    int first_bad = -1;
-    for (int r = 0; r < W; r++) {
-      *threads |= all[r].threads;
-      if (all[r].bad && first_bad < 0) first_bad = r;
-    }
-    *reachable = first_bad < 0;
-    if (first_bad >= 0) snprintf(why, why_n, "rank %d: %.*s", first_bad, (int)sizeof all[0].why, all[first_bad].why);
-  }
-  /* every peer closed its mapping of buf before the second allgather */
+  int first_bad = -1;
+  mc_result_t rc = peer && opened
+                       ? p2p_agree(comm, comm->err, &mine, mine_why, peer, opened, 1, &first_bad, threads, why, why_n)
+                       : mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  if (rc == MC_SUCCESS) *reachable = first_bad < 0;
+  /* every peer closed its mapping of buf before the verdicts */
   if (buf) cudaFree(buf);
   cudaGetLastError();
-  free(cards);
   free(peer);
   free(opened);
-  free(all);
   return rc;
 }
 
 extern "C" const mc_transport_ops_t mc_p2p_ops = {
-    "p2p",        p2p_comm_init, NULL,         p2p_a2a_create, p2p_a2a_destroy, mc_gpu_dsend, mc_gpu_drecv,
-    mc_gpu_csend, mc_gpu_crecv,  mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
+    "p2p",        p2p_comm_init, NULL,         p2p_a2a_create,       p2p_a2a_destroy, mc_gpu_dsend,
+    mc_gpu_drecv, mc_gpu_csend,  mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check,    mc_gpu_barrier,
 };
