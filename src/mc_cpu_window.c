@@ -218,4 +218,5 @@ const mc_transport_ops_t mc_cpu_ops = {
     NULL,
     NULL,
     NULL, /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
+    NULL, /* register_expert: peers' memory is shared, but the copying path is the reference's */
 };

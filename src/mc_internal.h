@@ -60,6 +60,7 @@ struct mc_a2a {
                         (checked on the device): the round is over, dispatch-send is next */
   uint64_t round;    /* 1-based number of the round in progress or last done (64-bit: never wraps) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
+  void *zc_x, *zc_scale, *zc_y; /* registered expert buffers (mc_a2a_register_expert_buffers), else NULL */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];
 };
@@ -80,6 +81,9 @@ struct mc_transport_ops {
   void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
   mc_result_t (*check)(mc_a2a_t *a2a);  /* optional: failures recorded asynchronously */
   mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */
+  /* optional (else MC_ERR_UNSUPPORTED): collective; map every rank's expert
+   * buffers, or with all NULL unmap them; the API layer checked the pointers */
+  mc_result_t (*register_expert)(mc_a2a_t *a2a, void *expert_x, void *expert_scale, void *expert_y);
 };
 
 extern const mc_transport_ops_t mc_cpu_ops;

@@ -15,6 +15,11 @@
  *   disp_send    [src_cap][record_bytes]    staging: records packed once, put to every destination
  *   meta_send    [world_size][meta_bytes]   staging: the meta for each destination
  *   comb_send    [world_size * src_cap][row_bytes]    staging: pre-reduced rows, put to the group
+ *   zc_cnt       [2][world_size][num_experts] uint32: with registered expert
+ *                buffers (docs/zero-copy.md), each source's records per global
+ *                expert, from which every rank derives every slot; two copies
+ *                by round parity, so that round i's are still there while a
+ *                rank that ran ahead writes round i+1's
  *
  * Staging lives in the window because NVSHMEM over a network needs the
  * source of a put registered, and a non-blocking put needs its source kept
@@ -55,7 +60,8 @@ enum {
   MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
   MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (GPU transports) */
-  MC_SIG_COUNT = 5
+  MC_SIG_ZC_CNT = 5,    /* registered buffers: SET to the round number once peer's per-expert counts landed */
+  MC_SIG_COUNT = 6
 };
 
 /* How a put or signal updates the receiver's signal word. */
@@ -153,8 +159,12 @@ MC_HD uint64_t mc_comb_send_base(const mc_shape_t *s) {
 MC_HD uint64_t mc_comb_send_off(const mc_shape_t *s, int i) {
   return mc_comb_send_base(s) + (uint64_t)i * mc_row_bytes(s);
 }
+MC_HD uint64_t mc_zc_cnt_off(const mc_shape_t *s, uint64_t round, int src) {
+  return mc_comb_send_base(s) + (uint64_t)s->world_size * mc_src_cap(s) * mc_row_bytes(s) +
+         ((round & 1u) * s->world_size + (uint64_t)src) * s->num_experts * sizeof(uint32_t);
+}
 MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
-  return mc_comb_send_base(s) + (uint64_t)s->world_size * mc_src_cap(s) * mc_row_bytes(s);
+  return mc_align_up(mc_zc_cnt_off(s, 1, s->world_size), MC_ALIGN);
 }
 
 /* ---- private workspace (never written by peers) ----

@@ -147,8 +147,8 @@ static const char *phase_name(int p) {
 }
 static const char *slot_name(int s) {
   static const char *n[] = {"dispatch meta", "dispatch records", "combine rows, counted in row segments",
-                            "combine entry (round barrier)", "barrier"};
-  return s >= 0 && s < 5 ? n[s] : "?";
+                            "combine entry (round barrier)", "barrier", "expert counts (registered buffers)"};
+  return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 
 static mc_result_t device_error(mc_a2a_t *a2a) {
@@ -210,6 +210,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->gpu_scope = g->gpu_scope;
   ka->pull = g->pull;
   ka->trace = g->trace;
+  ka->zc = g->zc;
+  ka->zc_tab = g->zc_tab;
   if (d) {
     ka->tokens = d->tokens;
     ka->scales = d->scales;

@@ -22,6 +22,8 @@ typedef struct mc_gpu {
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
   void *trace_file;        /* FILE *: one line per mc_a2a_check */
   uint64_t trace_rounds;
+  int zc;                  /* MC_ZC_*: registered expert buffers mapped, and how dispatch uses them */
+  void *const *zc_tab;     /* kernel argument: [MC_ZC_NBUF][W] device table of them */
 } mc_gpu_t;
 
 /* Allocate workspace and error slot, size the grid. a2a->impl is set. */

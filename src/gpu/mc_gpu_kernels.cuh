@@ -454,4 +454,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n)) return;
 }
 
+#include "mc_gpu_zc.cuh" /* the same round over registered expert buffers */
+
 #endif

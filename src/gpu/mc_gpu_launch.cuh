@@ -38,17 +38,26 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     const int chunk = mc_prep_chunk(&a2a->shape), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
     mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
     if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
+    if (ka.zc == MC_ZC_DIRECT) { /* registered expert buffers, stored into directly: mc_gpu_zc.cuh */
+      mc_k_zc_dispatch_send<<<g->grid, MC_THREADS, mc_zc_send_smem_bytes(&a2a->shape), st>>>(ka);
+      break;
+    }
     if (g->staged || g->pull) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
     mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   }
   case MC_PHASE_DRECV:
-    mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
+    if (ka.zc == MC_ZC_DIRECT) mc_k_zc_dispatch_recv<<<1, MC_THREADS, 0, st>>>(ka);
+    else mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_CSEND:
-    mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
+    if (ka.zc) mc_k_zc_combine_send<<<1, MC_THREADS, 0, st>>>(ka); /* registered: combine pulls */
+    else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
-  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
+  case MC_PHASE_CRECV:
+    if (ka.zc) mc_k_zc_combine_recv<<<2 * g->grid, MC_CSEND_THREADS, mc_zc_crecv_smem_bytes(&a2a->shape), st>>>(ka);
+    else mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka);
+    break;
   }
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");

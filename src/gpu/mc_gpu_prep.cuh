@@ -78,6 +78,22 @@ MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int co
   return 1;
 }
 
+/* Registered expert buffers (mc_gpu_zc.cuh): this rank's records per
+ * global expert, into every rank's zc_cnt, then a round-tagged SET. Here,
+ * in the prep kernel's last block, so that the send kernels that wait for
+ * them never wait on a block of their own grid. */
+MC_DEV void mc_zc_send_counts(const mc_kargs_t &a, const uint32_t *count, uint64_t round) {
+  const mc_shape_t *s = &a.s;
+  const int E = s->num_experts, W = s->world_size;
+  for (int i = threadIdx.x; i < W * E; i += blockDim.x)
+    ((uint32_t *)(mc_t_peer_window(&a, i / E) + mc_zc_cnt_off(s, round, a.rank)))[i % E] = count[i % E];
+  __syncthreads();
+  for (int p = threadIdx.x; p < W; p += blockDim.x) {
+    mc_fence_peers(&a); /* the other threads' count stores, ordered by the barrier, before the signal */
+    mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(s, MC_SIG_ZC_CNT, a.rank)), round);
+  }
+}
+
 /* Checks every valid token's top-k before anything is sent: a bad round
  * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
  * token's destination ranks and the rows expected back (all members of a
@@ -247,15 +263,21 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
     const int dst = i / (L + 1), l = i % (L + 1);
     ((uint32_t *)(a.win + mc_meta_send_off(s, dst)))[l] = l == 0 ? count[E + dst] : count[dst * L + l - 1];
   }
+  if (a.zc) mc_zc_send_counts(a, count, round);
   if (tid == 0) {
     sc[MC_WS_BAD] = 0;
     sc[MC_WS_M_EFF] = (uint32_t)m_eff;
     *mc_ws_round(&a) = round; /* later kernels read it */
-    uint64_t recs = 0;
+    uint64_t recs = 0, slots = 0;
     for (int dst = 0; dst < W; dst++) recs += count[E + dst];
+    for (int e = 0; a.zc == MC_ZC_DIRECT && e < E; e++) slots += count[e];
     uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
     st[MC_STAT_DREC] += recs;
-    st[MC_STAT_DBYTES] += recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s);
+    /* registered buffers: the counts to every rank; direct stores: a payload
+     * (and scales) per expert slot and no header instead of the records */
+    st[MC_STAT_DBYTES] += (a.zc == MC_ZC_DIRECT ? slots * (s->token_bytes + s->scale_bytes)
+                                                : recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s)) +
+                          (a.zc ? (uint64_t)W * E * sizeof(uint32_t) : 0);
   }
   mc_trace_end(&a, MC_TK_PREP);
 }

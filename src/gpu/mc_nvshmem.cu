@@ -143,6 +143,7 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
+    NULL, /* register_expert: NVSHMEM maps only its symmetric heap; the caller's buffers are not in it */
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

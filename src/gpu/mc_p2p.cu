@@ -9,6 +9,7 @@
  * access between two GPUs) fails mc_a2a_create on every rank with its name,
  * never a crash later. So the kernels never take the put path, and the
  * interface's put/signal calls below are unreachable. */
+#include <cuda.h> /* CUresult and CUdeviceptr, for cuMemGetAddressRange through the runtime's entry point */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,8 @@ static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *, int, uint
 /* What a rank tells the others about its window (one allgather). */
 typedef struct p2p_card {
   cudaIpcMemHandle_t ipc;
-  uint64_t base;  /* the window's address in its owner's process */
+  uint64_t base;  /* the buffer's address in its owner's process */
+  uint64_t offset; /* from the start of the allocation the IPC handle names (0 for the window) */
   uint64_t host;  /* host name hash: IPC handles only open on their host */
   int32_t pid;    /* same pid and host: a thread of this process, the address works as is */
   int32_t device; /* CUDA ordinal in its owner's process */
@@ -47,12 +49,52 @@ typedef struct p2p_state {
   unsigned char **peer;  /* [W] each peer's window as this process addresses it */
   unsigned char *opened; /* [W] 1: mapped by cudaIpcOpenMemHandle (closed at destroy) */
   unsigned char **table; /* the same table in device memory (kernel argument) */
+  /* registered expert buffers (mc_gpu_zc.cuh): per buffer, as peer/opened */
+  unsigned char **zc_peer[MC_ZC_NBUF];
+  unsigned char *zc_opened[MC_ZC_NBUF];
+  unsigned char **zc_table; /* [MC_ZC_NBUF][W] in device memory */
 } p2p_state_t;
 
 static mc_result_t p2p_comm_init(mc_comm_t *comm) {
   if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
     return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
   return MC_SUCCESS;
+}
+
+/* The allocation that holds ptr (an IPC handle names a whole allocation;
+ * a caching allocator hands out pieces of one), through the driver's
+ * cuMemGetAddressRange, found at run time: no link against libcuda. */
+typedef CUresult (*p2p_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+static cudaError_t alloc_base(const void *ptr, unsigned char **base) {
+  void *f = NULL; /* looked up each time: registration is rare, and threads of one process may race on a cache */
+  cudaDriverEntryPointQueryResult q;
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !f) return e != cudaSuccess ? e : cudaErrorNotSupported;
+  const p2p_range_fn fn = (p2p_range_fn)f;
+  CUdeviceptr b = 0;
+  size_t size = 0;
+  if (fn(&b, &size, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS) return cudaErrorInvalidDevicePointer;
+  *base = (unsigned char *)(uintptr_t)b;
+  return cudaSuccess;
+}
+
+/* Close every registered-buffer mapping and forget them. */
+static void zc_unmap(mc_gpu_t *g, p2p_state_t *p, int W) {
+  for (int b = 0; b < MC_ZC_NBUF; b++) {
+    for (int r = 0; p->zc_peer[b] && r < W; r++) {
+      unsigned char *base = NULL;
+      if (p->zc_opened[b][r] && alloc_base(p->zc_peer[b][r], &base) == cudaSuccess) cudaIpcCloseMemHandle(base);
+    }
+    free(p->zc_peer[b]);
+    free(p->zc_opened[b]);
+    p->zc_peer[b] = NULL;
+    p->zc_opened[b] = NULL;
+  }
+  if (p->zc_table) cudaFree(p->zc_table);
+  p->zc_table = NULL;
+  g->zc = 0;
+  g->zc_tab = NULL;
+  cudaGetLastError();
 }
 
 static void p2p_a2a_destroy(mc_a2a_t *a2a) {
@@ -66,6 +108,7 @@ static void p2p_a2a_destroy(mc_a2a_t *a2a) {
    * mapped to process exit, as the other transports do. */
   int all_here = !a2a->aborted && mc_comm_barrier(a2a->comm) == MC_SUCCESS;
   if (p) {
+    zc_unmap(g, p, a2a->comm->world_size);
     for (int r = 0; p->peer && r < a2a->comm->world_size; r++)
       if (p->opened[r]) cudaIpcCloseMemHandle(p->peer[r]);
     if (p->table) cudaFree(p->table);
@@ -110,7 +153,7 @@ static int map_peers(const mc_comm_t *comm, const p2p_card_t *cards, unsigned ch
     cudaError_t e = cudaIpcOpenMemHandle(&ptr, c->ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess)
       return snprintf(why, n, "opening rank %d's window (cudaIpcOpenMemHandle): %s", r, cudaGetErrorString(e)), 1;
-    peer[r] = (unsigned char *)ptr;
+    peer[r] = (unsigned char *)ptr + c->offset;
     opened[r] = 1;
   }
   return 0;
@@ -266,7 +309,84 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
   return rc;
 }
 
+/* mc_a2a_register_expert_buffers on p2p: every rank exports the
+ * allocations holding its expert buffers and maps every peer's, exactly as
+ * the windows at create. Old mappings go first, once no kernel can still
+ * use them: each rank synchronises its device, then a barrier. */
+static mc_result_t p2p_register_expert(mc_a2a_t *a2a, void *x, void *scale, void *y) {
+  mc_gpu_t *g = gpu(a2a);
+  p2p_state_t *p = (p2p_state_t *)g->tstate;
+  mc_comm_t *comm = a2a->comm;
+  const int W = comm->world_size;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "synchronising before registering");
+  mc_result_t rc = mc_comm_barrier(comm);
+  if (rc != MC_SUCCESS) return mc_fail(a2a->err, rc, "%s", comm->err);
+  zc_unmap(g, p, W);
+  if (!x) return MC_SUCCESS; /* unregistered: the copying path again */
+  void *const bufs[MC_ZC_NBUF] = {x, scale, y};
+  static const char *names[MC_ZC_NBUF] = {"expert_x", "expert_scale", "expert_y"};
+  unsigned char *host_tab[MC_ZC_NBUF * 1024] = {0}; /* W <= 1024 (mc_gpu_create) */
+  for (int b = 0; b < MC_ZC_NBUF && rc == MC_SUCCESS; b++) {
+    if (!bufs[b]) continue; /* no scales: NULL on every rank (same config) */
+    p->zc_peer[b] = (unsigned char **)calloc((size_t)W, sizeof(unsigned char *));
+    p->zc_opened[b] = (unsigned char *)calloc((size_t)W, 1);
+    if (!p->zc_peer[b] || !p->zc_opened[b]) {
+      rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+      break;
+    }
+    p2p_card_t mine;
+    memset(&mine, 0, sizeof mine);
+    mine.host = mc_host_id();
+    mine.pid = (int32_t)getpid();
+    cudaGetDevice(&mine.device);
+    unsigned char *base = NULL;
+    e = alloc_base(bufs[b], &base);
+    if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.ipc, base);
+    mine.ok = e == cudaSuccess;
+    mine.base = (uint64_t)(uintptr_t)bufs[b];
+    mine.offset = mine.ok ? (uint64_t)((unsigned char *)bufs[b] - base) : 0;
+    char mine_why[120] = "", why[160];
+    if (!mine.ok)
+      snprintf(mine_why, sizeof mine_why, "exporting its %s %p: %s", names[b], bufs[b], cudaGetErrorString(e));
+    cudaGetLastError();
+    int first_bad = -1, threads = 0;
+    rc = p2p_agree(comm, a2a->err, &mine, mine_why, p->zc_peer[b], p->zc_opened[b], 0, &first_bad, &threads, why,
+                   sizeof why);
+    if (rc == MC_SUCCESS && first_bad >= 0) rc = mc_fail(a2a->err, MC_ERR_CUDA, "p2p %s: %s", names[b], why);
+    for (int r = 0; rc == MC_SUCCESS && r < W; r++) host_tab[b * W + r] = p->zc_peer[b][r];
+  }
+  if (rc == MC_SUCCESS) {
+    const size_t tab = sizeof(unsigned char *) * MC_ZC_NBUF * (size_t)W;
+    e = cudaMalloc((void **)&p->zc_table, tab);
+    if (e == cudaSuccess) e = cudaMemcpy(p->zc_table, host_tab, tab, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) rc = cuda_fail(a2a, e, "the registered buffers' table");
+  }
+  if (rc != MC_SUCCESS) {
+    zc_unmap(g, p, W);
+    return rc;
+  }
+  /* MC_ZC_DISPATCH=direct on every rank: dispatch stores into the peers'
+   * expert_x too (pays on one GPU with few experts, not at DeepSeek-V3's
+   * 256; docs/zero-copy.md), else it copies through the window */
+  const char *env = getenv("MC_ZC_DISPATCH");
+  int32_t direct = env && strcmp(env, "direct") == 0, *all = (int32_t *)calloc((size_t)W, sizeof *all);
+  rc = all ? mc_comm_allgather(comm, &direct, all, sizeof direct)
+            : mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  for (int r = 0; rc == MC_SUCCESS && r < W; r++) direct &= all[r];
+  free(all);
+  if (rc != MC_SUCCESS) {
+    if (rc != MC_ERR_SYSTEM) mc_fail(a2a->err, rc, "%s", comm->err);
+    zc_unmap(g, p, W);
+    return rc;
+  }
+  g->zc = direct ? MC_ZC_DIRECT : MC_ZC_PULL;
+  g->zc_tab = (void *const *)p->zc_table;
+  return MC_SUCCESS;
+}
+
 extern "C" const mc_transport_ops_t mc_p2p_ops = {
     "p2p",        p2p_comm_init, NULL,         p2p_a2a_create,       p2p_a2a_destroy, mc_gpu_dsend,
     mc_gpu_drecv, mc_gpu_csend,  mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check,    mc_gpu_barrier,
+    p2p_register_expert,
 };
