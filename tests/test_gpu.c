@@ -36,9 +36,17 @@ static mc_transport_t gpu_transport(void) {
   return t && strcmp(t, "p2p") == 0 ? MC_TRANSPORT_P2P : MC_TRANSPORT_NVSHMEM;
 }
 
+/* MC_TEST_ZC=1 (with MC_TEST_TRANSPORT=p2p): every run registers its expert
+ * buffers, so the whole suite checks the zero-copy path too. */
+static int zero_copy_env(void) {
+  const char *z = getenv("MC_TEST_ZC");
+  return z && strcmp(z, "1") == 0;
+}
+
 static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
   o->processes = 1;
   o->transport = gpu_transport();
+  if (zero_copy_env()) o->zero_copy = 1;
   mc_run_result_t res;
   int failed = mc_run(c, o, &res);
   char desc[400];
@@ -302,5 +310,74 @@ int test_gpu_graph(void) {
   o.rounds = 20;
   o.graph = 1;
   MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
+/* Registered expert buffers on p2p (mc_a2a_register_expert_buffers): the
+ * zero-copy kernels against the reference on random shapes, dtypes and
+ * routings at EP 1-8; the DeepSeek-V3 shape; a CUDA graph replayed over
+ * them; rounds alternating between registered and not on two handles with
+ * work between the halves; and group_size 2 refused (the harness checks
+ * the refusal, then runs the copying path). Every registered run also
+ * checks that other expert buffers are refused. */
+static int run_zc(mc_case_t *c, mc_run_opts_t *o, int mode) {
+  o->zero_copy = mode;
+  o->processes = 1;
+  o->transport = MC_TRANSPORT_P2P;
+  mc_run_result_t res;
+  int failed = mc_run(c, o, &res);
+  char desc[400];
+  mc_ref_describe(c, desc, sizeof desc);
+  printf("%s: zero-copy %d: %s\n", failed ? "FAILED" : "ok", mode, desc);
+  if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+  mc_run_free(&res);
+  return failed != 0;
+}
+
+int test_gpu_zero_copy(void) {
+  REQUIRE_GPU();
+  static const int worlds[] = {1, 2, 4, 8};
+  for (int i = 0; i < 8; i++) {
+    mc_case_t c;
+    mc_ref_random_case(mc_test_seed * 104729u + (uint64_t)i, &c);
+    c.world_size = cap_world(worlds[i % 4]);
+    c.group_size = 1;
+    c.num_experts = c.world_size * (1 + (int)(c.seed % 16));
+    if (c.topk > c.num_experts) c.topk = c.num_experts;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    MC_CHECK(run_zc(&c, &o, 1) == 0);
+  }
+  mc_case_t c;
+  mc_ref_deepseek_case(cap_world(8), 64, &c);
+  c.seed = mc_test_seed;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  MC_CHECK(run_zc(&c, &o, 1) == 0);
+
+  small_case(&c, 4, 1, 7);
+  c.in_dtype = MC_DTYPE_BF16;
+  c.token_bytes = (size_t)c.hidden * 2; /* the identity expert is a copy */
+  c.scale_bytes = 16;
+  c.expert_identity = 1;
+  c.fixed_m = 1;
+  c.use_bound_m = 1;
+  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
+  o.rounds = 10;
+  o.graph = 1;
+  MC_CHECK(run_zc(&c, &o, 1) == 0);
+
+  small_case(&c, 4, 1, 8);
+  c.use_bound_m = 1;
+  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
+  o.rounds = 7;
+  o.handles = 2;
+  o.split = 1;
+  MC_CHECK(run_zc(&c, &o, 2) == 0);
+
+  small_case(&c, 2, 2, 9);
+  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
+  o.rounds = 2;
+  MC_CHECK(run_zc(&c, &o, 1) == 0);
   return 0;
 }

@@ -51,6 +51,8 @@ static void usage(FILE *f) {
       "                        between a send and its recv (events cost GPU time under MPS)\n"
       "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
       "                        overhead on the host); the warm-up rounds run eagerly\n"
+      "      --zero-copy       p2p: register the expert buffers (mc_a2a_register_expert_buffers;\n"
+      "                        also MC_TEST_ZC=1)\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -95,11 +97,12 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC };
   int nccl = 0;
   int sizes_only = 0;
   int dense = 1;
   o.check_first = 5;
+  o.zero_copy = getenv("MC_TEST_ZC") && !strcmp(getenv("MC_TEST_ZC"), "1"); /* gpu-ab.sh's variants are environments */
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -107,7 +110,7 @@ int main(int argc, char **argv) {
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
-      {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
+      {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE}, {"zero-copy", 0, 0, O_ZC},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
@@ -133,6 +136,7 @@ int main(int argc, char **argv) {
     case O_SPLIT: o.split = 1; break;
     case O_GRAPH: o.graph_timed = 1; break;
     case O_WHOLE: o.whole = 1; break;
+    case O_ZC: o.zero_copy = 1; break;
     case O_NOCHECK: o.check = 0; break;
     case O_JSON: json = 1; break;
     case O_TRANSPORT:
@@ -257,10 +261,10 @@ int main(int argc, char **argv) {
            o.processes ? "processes" : "threads");
     printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
            "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
-           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s},\n",
+           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"zero_copy\": %s},\n",
            c.world_size, c.group_size, c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes,
            dtype_name(c.in_dtype), dtype_name(c.out_dtype), o.rounds, o.warmup, (unsigned long long)c.seed,
-           o.graph_timed ? "true" : "false", o.whole ? "true" : "false");
+           o.graph_timed ? "true" : "false", o.whole ? "true" : "false", o.zero_copy ? "true" : "false");
     printf(" \"latency_us\": {");
     for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) /* --whole: no halves */
       printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > (o.whole ? MC_PH_COUNT : 0) ? ", " : "",

@@ -115,6 +115,21 @@ static void rank_main(run_ctx_t *ctx) {
   const size_t ybytes = (size_t)L * cap * c->hidden * mc_dtype_size(c->in_dtype);
   const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
   if (gpu) mc_dev_fill(1, d.y, POISON_OUT, ybytes); /* rows of unfilled slots stay poison */
+  int zc = gpu && o->zero_copy;
+  if (zc && G > 1) { /* refused, and nothing changes: the copying path runs */
+    for (int h = 0; h < nh && h < 64; h++)
+      if (mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y) != MC_ERR_UNSUPPORTED) {
+        mc_rr_fail(me, 0, "rank %d: registering with group_size %d was not refused", rank, G);
+        goto done;
+      }
+    zc = 0;
+  }
+  if (zc) { /* poisoned before registering: once registered, peers may write expert_x whenever it is free */
+    mc_dev_fill(1, d.x, POISON_X, xbytes);
+    if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
+    mc_dev_sync(1);
+    for (int h = 0; h < nh && h < 64; h++) API(mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y));
+  }
   if (gpu && o->graph) {
     a2a = hs[0];
     mc_rr_run_graph_rounds(c, o, rank, a2a, &b, &d, me);
@@ -135,6 +150,19 @@ static void rank_main(run_ctx_t *ctx) {
       if (o->processes) raise(SIGKILL); /* a rank that dies */
       goto done;                        /* a rank that goes silent */
     }
+    /* zero_copy 2: unregister before odd rounds, register again before even
+     * ones (collective, between rounds): the paths alternate on one handle */
+    if (gpu && o->zero_copy == 2 && G == 1 && i > 0) {
+      zc = i % 2 == 0;
+      if (zc) {
+        mc_dev_fill(1, d.x, POISON_X, xbytes);
+        if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
+        mc_dev_sync(1);
+      }
+      for (int h = 0; h < nh && h < 64; h++)
+        API(zc ? mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y)
+               : mc_a2a_register_expert_buffers(hs[h], NULL, NULL, NULL));
+    }
     /* Inputs: every group's, since the reference needs them all. */
     for (int g = 0; g < groups; g++) {
       if (!check && g != rank / G) continue;
@@ -152,8 +180,8 @@ static void rank_main(run_ctx_t *ctx) {
     }
     last_in = ci, last_m = in->m;
     if (check) {
-      mc_dev_fill(gpu, d.x, POISON_X, xbytes);
-      if (d.xs) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
+      if (!zc) mc_dev_fill(gpu, d.x, POISON_X, xbytes);
+      if (d.xs && !zc) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
       if (!gpu) mc_dev_fill(0, d.y, POISON_OUT, ybytes);
       mc_dev_fill(gpu, d.out, POISON_OUT, obytes);
       mc_dev_fill(gpu, d.count, 0xF9, (size_t)L * 4); /* -7ish */
@@ -171,6 +199,13 @@ static void rank_main(run_ctx_t *ctx) {
     if (o->barrier && gpu) API(mc_a2a_barrier(a2a, NULL));
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, NULL)
+    /* registered: other expert buffers are refused before anything is sent */
+    if (zc && i == 0 &&
+        mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.scratch, d.xs, d.count,
+                    MC_SEND_RECV, NULL) != MC_ERR_INVALID_ARG) {
+      mc_rr_fail(me, 0, "rank %d: dispatch into other buffers than the registered ones was not refused", rank);
+      goto done;
+    }
     mc_dev_mark(gpu, 0);
     API(DISPATCH(MC_SEND));
     if (!o->whole) mc_dev_mark(gpu, 1);
@@ -192,6 +227,18 @@ static void rank_main(run_ctx_t *ctx) {
         mc_rr_fail(me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)round, rank);
         goto done;
       }
+    }
+    /* registered: the next checked round's poison goes in now (stream-ordered
+     * after dispatch-recv), while no peer may write expert_x: not before
+     * this rank's combine-send */
+    const int next_check = o->check && (o->check_first <= 0 || i + 1 < o->check_first || i + 1 == total - 1);
+    if (zc && next_check && i + 1 < total) {
+      mc_dev_fill(1, d.x, POISON_X, xbytes);
+      if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
+    }
+    if (zc && i == 0 && mc_combine(a2a, d.scratch, d.out, MC_SEND_RECV, NULL) != MC_ERR_INVALID_ARG) {
+      mc_rr_fail(me, 0, "rank %d: combine from another expert_y than the registered one was not refused", rank);
+      goto done;
     }
     mc_dev_mark(gpu, 4);
     API(mc_combine(a2a, d.y, d.out, MC_SEND, NULL));

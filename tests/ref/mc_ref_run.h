@@ -37,9 +37,14 @@ typedef struct mc_run_opts {
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
   int auto_transport; /* 1: the communicator asks for MC_TRANSPORT_AUTO; buffers are placed as for
                          `transport` (say which kind auto should pick); ranks[r].transport says what it did */
+  int zero_copy;      /* GPU: register every handle's expert buffers (mc_a2a_register_expert_buffers) after
+                         create; expert_x is then poisoned after each checked dispatch, not before the round
+                         (peers write it from this rank's combine on); 2: unregister before odd rounds and
+                         register again before even ones. With group_size > 1 the harness checks that
+                         registration is refused, then runs the copying path */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
