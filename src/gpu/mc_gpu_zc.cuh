@@ -1,10 +1,10 @@
-/* mc_gpu_zc.cuh - dispatch and combine when every rank registered its
- * expert buffers (mc_a2a_register_expert_buffers, p2p only, group_size 1):
- * a token goes straight into its slots in the receivers' expert_x, and
+/* mc_gpu_zc.cuh - the kernels for when every rank registered its expert
+ * buffers (mc_a2a_register_expert_buffers, p2p only, group_size 1):
  * combine reads the expert rows from the peers' expert_y where the token
- * lives. No record, no receive copy, no pre-reduced row crosses memory.
- * Part of mc_gpu_kernels.cuh; docs/zero-copy.md has the design and its
- * measurements.
+ * lives (no pre-reduced row crosses memory), and with MC_ZC_DIRECT
+ * dispatch stores a token straight into its slots in the receivers'
+ * expert_x (no record, no receive copy). Part of mc_gpu_kernels.cuh;
+ * docs/zero-copy.md has the design and its measurements.
  *
  * The round, kernel by kernel (p: this rank; a.zc_tab: every rank's
  * registered buffers as mapped here):
@@ -29,16 +29,17 @@
  *    token read its rows from the peers' expert_y and sum them exactly as
  *    the copying path does: per rank, fp32 over its experts ascending,
  *    weighted, rounded to the wire dtype; over ranks ascending in fp32,
- *    rounded once. Same bits. (The slots computed in dispatch-recv instead
- *    cost it 14-20 us at 1 token, EP8 on one GPU: perf-notes 20.)
+ *    rounded once. Same bits. (The bases are summed here, not in
+ *    dispatch-recv, to keep the copying dispatch's kernels as they are;
+ *    moving them did not change the measured dispatch: perf-notes 22.)
  *
  * Why round i+1 cannot touch what round i still uses:
- * - s writes d's expert_x in its dispatch-send(i+1), after s's
+ * - (MC_ZC_DIRECT) s writes d's expert_x in its dispatch-send(i+1), after s's
  *   combine-recv(i) saw d's COMB_BAR(i), set by d's combine-send(i), which
  *   runs after d's GEMM(i) read expert_x.
  * - d's GEMM(i+1) rewrites expert_y after d's dispatch-recv(i+1), which
- *   waited for every s's ZC_CNT(i+1), sent by s's prep(i+1), after s's
- *   combine-recv(i) finished reading d's expert_y.
+ *   waited for every s's meta (copying) or ZC_CNT (direct) of round i+1,
+ *   sent after s's combine-recv(i) finished reading d's expert_y.
  * - zc_cnt[i parity][s] at d is rewritten by s's prep(i+2), after s's
  *   combine-recv(i+1) saw d's COMB_BAR(i+1), set by d's combine-send(i+1),
  *   after d's combine-recv(i), the last kernel of round i to read it.
@@ -46,9 +47,9 @@
  *   may start round i+1 as soon as d's combine-send(i) has signalled.)
  * - the staged headers (each token's experts, pos, weights) are this
  *   rank's, rewritten by its own next prep, after its own combine-recv.
- * The caller's part: not to write expert_x between its combine-send and
- * its next dispatch-recv, nor expert_y between its combine-send and its
- * next dispatch-recv (moecomm.h). */
+ * The caller's part (moecomm.h): not to write expert_y between its
+ * combine-send and its next dispatch-recv, nor, with MC_ZC_DIRECT,
+ * expert_x. */
 #ifndef MC_GPU_ZC_CUH
 #define MC_GPU_ZC_CUH
 
