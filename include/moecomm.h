@@ -273,7 +273,9 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  * Slots past expert_count are not written.
  *
  * When both halves are separate calls, pass the same pointers to both (each
- * half checks only what it uses). The send half never waits for a peer;
+ * half checks only what it uses). The send half never waits for a peer
+ * (except with registered buffers and direct dispatch, below: then it waits
+ * for the lower ranks' counts, which their send halves send first);
  * the recv half waits only for the tokens it needs. stream: a cudaStream_t
  * for GPU transports, ignored by cpu.
  * Returns MC_ERR_INVALID_ARG (bad argument: nothing sent), MC_ERR_INVALID_USAGE
@@ -328,8 +330,18 @@ MC_API mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, un
  *   expert_scale from its combine send half until its next dispatch recv
  *   half returns: do not write them in those spans (an engine's dispatch ->
  *   GEMM -> combine order never does);
+ * - with direct dispatch, expert_x holds this round's tokens only until
+ *   this rank's combine send half: keep nothing there for later (a
+ *   backward pass) without copying it out;
  * - the buffers stay the caller's and must stay allocated at these
- *   addresses until mc_a2a_destroy or the next registration.
+ *   addresses until mc_a2a_destroy or the next registration has returned
+ *   (both wait until every rank has closed its mappings; after a timeout
+ *   destroy cannot, and a live peer may still write into expert_x: keep
+ *   the buffers to process exit then, as the library keeps its own);
+ * - a CUDA graph captures the mode and the peers' addresses: capture it
+ *   again after registering, re-registering or unregistering;
+ * - each buffer must lie inside one allocation of at least the size the
+ *   shape needs from that address (checked: MC_ERR_CUDA otherwise).
  * Measured (docs/zero-copy.md): where ranks share a GPU it pays from about
  * 128 tokens per rank (combine -26% at 128, -35% at 512, EP8 on one H200)
  * and costs at 1 token; across NVLink it costs, since every expert's row

@@ -195,8 +195,9 @@ else
 # (what a NIC carries), system-scope signals (what several GPUs need)
 run_test gpu_ep_sizes MC_GPU_STAGED=1
 run_test gpu_ep_sizes MC_GPU_SCOPE=sys
-# pull mode
+# pull mode; zero-copy with direct dispatch
 run_test gpu_ep_sizes MC_GPU_PULL=1 MC_TEST_TRANSPORT=p2p
+run_test gpu_zero_copy MC_ZC_DISPATCH=direct
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
 for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_zero_copy) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 fi

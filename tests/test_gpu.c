@@ -316,8 +316,9 @@ int test_gpu_graph(void) {
 /* Registered expert buffers on p2p (mc_a2a_register_expert_buffers): the
  * zero-copy kernels against the reference on random shapes, dtypes and
  * routings at EP 1-8; the DeepSeek-V3 shape; a CUDA graph replayed over
- * them; rounds alternating between registered and not on two handles with
- * work between the halves; and group_size 2 refused (the harness checks
+ * them; rounds alternating between registered and not every two rounds on
+ * two handles (so each handle switches) with work between the halves; and
+ * group_size 2 refused (the harness checks
  * the refusal, then runs the copying path). Every registered run also
  * checks that other expert buffers are refused. */
 static int run_zc(mc_case_t *c, mc_run_opts_t *o, int mode) {
@@ -370,7 +371,7 @@ int test_gpu_zero_copy(void) {
   small_case(&c, 4, 1, 8);
   c.use_bound_m = 1;
   o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
-  o.rounds = 7;
+  o.rounds = 9; /* handle 0: rounds 0, 4, 8 registered, 2, 6 not; handle 1: 1, 5 registered, 3, 7 not */
   o.handles = 2;
   o.split = 1;
   MC_CHECK(run_zc(&c, &o, 2) == 0);

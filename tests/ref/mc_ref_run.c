@@ -150,10 +150,11 @@ static void rank_main(run_ctx_t *ctx) {
       if (o->processes) raise(SIGKILL); /* a rank that dies */
       goto done;                        /* a rank that goes silent */
     }
-    /* zero_copy 2: unregister before odd rounds, register again before even
-     * ones (collective, between rounds): the paths alternate on one handle */
-    if (gpu && o->zero_copy == 2 && G == 1 && i > 0) {
-      zc = i % 2 == 0;
+    /* zero_copy 2: unregister and register again every nh rounds
+     * (collective, between rounds), so that with handles rotating round by
+     * round each handle runs both paths in turn */
+    if (gpu && o->zero_copy == 2 && G == 1 && i > 0 && i % nh == 0) {
+      zc = (i / nh) % 2 == 0;
       if (zc) {
         mc_dev_fill(1, d.x, POISON_X, xbytes);
         if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);

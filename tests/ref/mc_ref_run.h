@@ -39,8 +39,8 @@ typedef struct mc_run_opts {
                          `transport` (say which kind auto should pick); ranks[r].transport says what it did */
   int zero_copy;      /* GPU: register every handle's expert buffers (mc_a2a_register_expert_buffers) after
                          create; expert_x is then poisoned after each checked dispatch, not before the round
-                         (peers write it from this rank's combine on); 2: unregister before odd rounds and
-                         register again before even ones. With group_size > 1 the harness checks that
+                         (peers write it from this rank's combine on); 2: unregister and register again
+                         every `handles` rounds, so that each handle runs both paths in turn. With group_size > 1 the harness checks that
                          registration is refused, then runs the copying path */
 } mc_run_opts_t;
 
