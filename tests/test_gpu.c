@@ -317,8 +317,8 @@ int test_gpu_graph(void) {
  * zero-copy kernels against the reference on random shapes, dtypes and
  * routings at EP 1-8; the DeepSeek-V3 shape; a CUDA graph replayed over
  * them; rounds alternating between registered and not every two rounds on
- * two handles (so each handle switches) with work between the halves; and
- * group_size 2 refused (the harness checks
+ * two handles (so each handle switches) with work between the halves;
+ * group_size 2 refused; 300 rounds coupled only by the protocol (the harness checks
  * the refusal, then runs the copying path). Every registered run also
  * checks that other expert buffers are refused. */
 static int run_zc(mc_case_t *c, mc_run_opts_t *o, int mode) {
@@ -379,6 +379,16 @@ int test_gpu_zero_copy(void) {
   small_case(&c, 2, 2, 9);
   o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
   o.rounds = 2;
+  MC_CHECK(run_zc(&c, &o, 1) == 0);
+
+  /* rounds back to back, ranks coupled only by the protocol (no host work
+   * between most rounds, no barrier), so that a rank can run a round ahead
+   * of a peer still pulling: the first 3 rounds and the last are checked */
+  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  c.seed = mc_test_seed + 1;
+  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
+  o.rounds = 300;
+  o.check_first = 3;
   MC_CHECK(run_zc(&c, &o, 1) == 0);
   return 0;
 }
