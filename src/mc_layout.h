@@ -119,6 +119,12 @@ MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * 
 /* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
 #define MC_SEG_BYTES 2048u
 MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+/* ... and the direct dispatch (registered buffers) a token's payload */
+MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+/* Slots in the caller's expert_x / expert_scale / expert_y: local experts x capacity. */
+MC_HD uint64_t mc_expert_slots(const mc_shape_t *s) {
+  return (uint64_t)mc_num_local_experts(s) * (uint64_t)mc_expert_capacity(s);
+}
 
 /* ---- window offsets ---- */
 MC_HD uint64_t mc_sig_off(const mc_shape_t *s, int slot, int peer) {

@@ -70,9 +70,6 @@ MC_DEV void mc_zc_bases(const mc_kargs_t &a, uint64_t round, uint32_t *base) {
   }
 }
 
-/* dispatch-send's warps take a token's payload MC_SEG_BYTES at a time */
-MC_DEV int mc_zc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
-
 MC_DEV unsigned char *mc_zc_buf(const mc_kargs_t &a, int buf, int rank) {
   return (unsigned char *)a.zc_tab[buf * a.s.world_size + rank];
 }
@@ -101,7 +98,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_dispatch_send(mc_ka
   mc_zc_bases(a, round, base);
   __syncthreads();
   const int m_eff = (int)sc[MC_WS_M_EFF]; /* group_size 1: this rank sends every token */
-  const int segs = mc_zc_token_segs(s);
+  const int segs = mc_token_segs(s);
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   /* a warp per (token, payload segment): a warp per token left most warps
    * idle (128 tokens, ~1000 warps) and each a chain of loads and 8x stores */
@@ -156,7 +153,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_dispatch_recv(mc_ka
     const uint32_t *cnt = (const uint32_t *)(a.win + mc_zc_cnt_off(s, round, src)) + a.rank * L;
     uint64_t n = 0;
     for (int l = 0; l < L; l++) n += cnt[l];
-    n *= (uint64_t)mc_zc_token_segs(s); /* dispatch-send counts (slot, segment) pairs */
+    n *= (uint64_t)mc_token_segs(s); /* dispatch-send counts (slot, segment) pairs */
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src), seen[MC_SIG_DISP_RECS * W + src] + n,
                        MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round))
       return; /* recorded; the handle is aborted */

@@ -339,7 +339,7 @@ static mc_result_t p2p_register_expert(mc_a2a_t *a2a, void *x, void *scale, void
     return local[0] ? mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: %s", comm->rank, local) : MC_SUCCESS;
   }
   void *const bufs[MC_ZC_NBUF] = {x, scale, y};
-  const uint64_t slots = (uint64_t)mc_num_local_experts(sh) * mc_expert_capacity(sh);
+  const uint64_t slots = mc_expert_slots(sh);
   const uint64_t need[MC_ZC_NBUF] = {slots * sh->token_bytes, slots * sh->scale_bytes, slots * mc_row_bytes(sh)};
   static const char *names[MC_ZC_NBUF] = {"expert_x", "expert_scale", "expert_y"};
   unsigned char **host_tab = (unsigned char **)calloc((size_t)MC_ZC_NBUF * W, sizeof *host_tab);
