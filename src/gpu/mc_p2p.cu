@@ -234,6 +234,7 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
     p->opened = (unsigned char *)calloc((size_t)W, 1);
   }
   if (!p || !p->peer || !p->opened) {
+    a2a->aborted = 1; /* destroy's barriers would meet the peers' allgathers of create */
     p2p_a2a_destroy(a2a);
     return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   }
@@ -400,6 +401,10 @@ static mc_result_t p2p_register_expert(mc_a2a_t *a2a, void *x, void *scale, void
     if (rc == MC_SUCCESS) {
       g->zc = direct ? MC_ZC_DIRECT : MC_ZC_PULL;
       g->zc_tab = (void *const *)p->zc_table;
+      const char *v = getenv("MC_VERBOSE"); /* direct needs every rank's MC_ZC_DISPATCH: say what was agreed */
+      if (v && strcmp(v, "1") == 0 && comm->rank == 0)
+        fprintf(stderr, "moecomm: expert buffers registered: combine pulls, dispatch %s\n",
+                direct ? "stores directly (MC_ZC_DISPATCH=direct on every rank)" : "copies");
     }
   }
   free(host_tab);
