@@ -43,18 +43,23 @@ static int zero_copy_env(void) {
   return z && strcmp(z, "1") == 0;
 }
 
-static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
+/* One run as processes over `transport`, its verdict printed with the case. */
+static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) {
   o->processes = 1;
-  o->transport = gpu_transport();
-  if (zero_copy_env()) o->zero_copy = 1;
+  o->transport = transport;
   mc_run_result_t res;
   int failed = mc_run(c, o, &res);
   char desc[400];
   mc_ref_describe(c, desc, sizeof desc);
-  printf("%s: %s\n", failed ? "FAILED" : "ok", desc);
+  printf("%s: zero-copy %d: %s\n", failed ? "FAILED" : "ok", o->zero_copy, desc);
   if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
   mc_run_free(&res);
   return failed != 0;
+}
+
+static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
+  if (zero_copy_env()) o->zero_copy = 1;
+  return run_on(c, o, gpu_transport());
 }
 
 /* MC_TEST_MAX_WORLD=N caps every test's ranks at N, rounded down to a power
@@ -323,16 +328,7 @@ int test_gpu_graph(void) {
  * checks that other expert buffers are refused. */
 static int run_zc(mc_case_t *c, mc_run_opts_t *o, int mode) {
   o->zero_copy = mode;
-  o->processes = 1;
-  o->transport = MC_TRANSPORT_P2P;
-  mc_run_result_t res;
-  int failed = mc_run(c, o, &res);
-  char desc[400];
-  mc_ref_describe(c, desc, sizeof desc);
-  printf("%s: zero-copy %d: %s\n", failed ? "FAILED" : "ok", mode, desc);
-  if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
-  mc_run_free(&res);
-  return failed != 0;
+  return run_on(c, o, MC_TRANSPORT_P2P);
 }
 
 int test_gpu_zero_copy(void) {

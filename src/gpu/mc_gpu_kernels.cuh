@@ -422,18 +422,22 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
   }
 }
 
-/* per (wire, output) dtype pair, as for combine-send */
+/* Call body(a, in, out) with the (wire, output) dtype pair as constants for
+ * the common pairs (one inlined copy each, as for combine-send), one
+ * generic copy for the others. Both combine-recv kernels use it. */
+#define MC_BY_DTYPE_PAIR(body, a)                                                                                      \
+  do {                                                                                                                 \
+    if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_BF16) body(a, MC_DTYPE_BF16, MC_DTYPE_BF16);       \
+    else if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_BF16, MC_DTYPE_FP32);  \
+    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP16) body(a, MC_DTYPE_FP16, MC_DTYPE_FP16);  \
+    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP16, MC_DTYPE_FP32);  \
+    else if ((a).in_dtype == MC_DTYPE_FP32 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP32, MC_DTYPE_FP32);  \
+    else body(a, (a).in_dtype, (a).out_dtype);                                                                         \
+  } while (0)
+
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-#define MC_CRECV_CASE(in, out)                                                                                         \
-  if (a.in_dtype == in && a.out_dtype == out) return mc_combine_recv_body(a, in, out);
-  MC_CRECV_CASE(MC_DTYPE_BF16, MC_DTYPE_BF16)
-  MC_CRECV_CASE(MC_DTYPE_BF16, MC_DTYPE_FP32)
-  MC_CRECV_CASE(MC_DTYPE_FP16, MC_DTYPE_FP16)
-  MC_CRECV_CASE(MC_DTYPE_FP16, MC_DTYPE_FP32)
-  MC_CRECV_CASE(MC_DTYPE_FP32, MC_DTYPE_FP32)
-  mc_combine_recv_body(a, a.in_dtype, a.out_dtype); /* other pairs: one generic copy */
-#undef MC_CRECV_CASE
+  MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
 }
 
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every

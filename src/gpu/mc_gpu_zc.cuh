@@ -251,15 +251,7 @@ MC_DEV void mc_zc_combine_recv_body(const mc_kargs_t &a, const int dt, const int
 /* per (wire, output) dtype pair, as the copying path's combine-recv */
 static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_zc_combine_recv(mc_kargs_t a) {
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-#define MC_ZC_CASE(in, out)                                                                                            \
-  if (a.in_dtype == in && a.out_dtype == out) return mc_zc_combine_recv_body(a, in, out);
-  MC_ZC_CASE(MC_DTYPE_BF16, MC_DTYPE_BF16)
-  MC_ZC_CASE(MC_DTYPE_BF16, MC_DTYPE_FP32)
-  MC_ZC_CASE(MC_DTYPE_FP16, MC_DTYPE_FP16)
-  MC_ZC_CASE(MC_DTYPE_FP16, MC_DTYPE_FP32)
-  MC_ZC_CASE(MC_DTYPE_FP32, MC_DTYPE_FP32)
-  mc_zc_combine_recv_body(a, a.in_dtype, a.out_dtype);
-#undef MC_ZC_CASE
+  MC_BY_DTYPE_PAIR(mc_zc_combine_recv_body, a);
 }
 
 #endif
