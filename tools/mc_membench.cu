@@ -1,0 +1,156 @@
+/* mc_membench.cu - the ceiling under moecomm's kernels: how fast can N
+ * processes sharing one GPU under MPS move rows the way the copying kernels
+ * do? Each process copies M rows of B bytes, a warp per row with four
+ * 16-byte loads in flight per lane (mc_warp_copy16_to's pattern), between
+ * contiguous rows and R regions S bytes apart: --scatter writes row i into
+ * region i % R (dispatch-recv filling expert_x), --gather reads it from
+ * there (combine reading expert_y). With R = 1 both ends are contiguous.
+ * The processes meet at a file barrier, then each times I launches in a row
+ * with CUDA events and prints one JSON line: perf-notes 25 reads the sum
+ * over processes as the GPU's rate, since they run at the same time.
+ *
+ *   mc-membench --procs N --rank r --dir D [--rows M] [--row-bytes B]
+ *               [--regions R] [--stride S] [--gather] [--iters I] [--blocks G]
+ *
+ * Not part of the library, not run by CI (it needs a GPU); built with the
+ * other tools when CUDA is on. */
+#include <cuda_runtime.h>
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(x)                                                                                                       \
+  do {                                                                                                                 \
+    cudaError_t e_ = (x);                                                                                              \
+    if (e_ != cudaSuccess) {                                                                                           \
+      fprintf(stderr, "mc-membench: %s: %s\n", #x, cudaGetErrorString(e_));                                           \
+      exit(1);                                                                                                         \
+    }                                                                                                                  \
+  } while (0)
+
+/* row i: contiguous at lin + i * B; spread at spr + (i % R) * S + (i / R) * B */
+static __global__ void __launch_bounds__(512) rows_copy(const unsigned char *lin, unsigned char *spr, int rows,
+                                                        int64_t row_bytes, int regions, int64_t stride, int gather) {
+  const int lane = threadIdx.x & 31;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const int64_t cnt = row_bytes / 16;
+  for (int r = gw; r < rows; r += nw) {
+    unsigned char *far = spr + (int64_t)(r % regions) * stride + (int64_t)(r / regions) * row_bytes;
+    const int4 *s = (const int4 *)(gather ? far : lin + (int64_t)r * row_bytes);
+    int4 *d = (int4 *)(gather ? (unsigned char *)lin + (int64_t)r * row_bytes : far);
+    int64_t i = lane;
+    for (; i + 96 < cnt; i += 128) {
+      int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+      d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
+    }
+    for (; i < cnt; i += 32) d[i] = s[i];
+  }
+}
+
+/* one clock for every process on the host: the script takes the span
+ * from the first start to the last end for the rate of all of them */
+static double host_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
+}
+
+/* every process touches dir/rank, then waits for all N files */
+static void file_barrier(const char *dir, int procs, int rank, const char *tag) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s.%d", dir, tag, rank);
+  FILE *f = fopen(p, "w");
+  if (!f) {
+    perror(p);
+    exit(1);
+  }
+  fclose(f);
+  for (int r = 0; r < procs; r++) {
+    snprintf(p, sizeof p, "%s/%s.%d", dir, tag, r);
+    for (int spins = 0; access(p, F_OK) != 0; spins++) {
+      if (spins > 600000) { /* 60 s */
+        fprintf(stderr, "mc-membench: rank %d: %s never appeared\n", rank, p);
+        exit(1);
+      }
+      usleep(100);
+    }
+  }
+}
+
+/* the library's grid (src/gpu/mc_gpu_host.c): four blocks per SM of the MPS share, at most one per SM */
+static int default_blocks(void) {
+  int sms = 1;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const char *pct = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  int p = pct ? atoi(pct) : 100;
+  if (p < 1 || p > 100) p = 100;
+  int g = 4 * sms * p / 100;
+  return g > sms ? sms : g < 1 ? 1 : g;
+}
+
+int main(int argc, char **argv) {
+  int procs = 1, rank = 0, rows = 1024, regions = 1, gather = 0, iters = 2000, blocks = 0;
+  int64_t row_bytes = 7168, stride = 0;
+  const char *dir = "/tmp";
+  static const struct option lo[] = {{"procs", 1, 0, 'n'},   {"rank", 1, 0, 'r'},   {"dir", 1, 0, 'd'},
+                                     {"rows", 1, 0, 'm'},    {"row-bytes", 1, 0, 'b'}, {"regions", 1, 0, 'R'},
+                                     {"stride", 1, 0, 'S'},  {"gather", 0, 0, 'g'}, {"iters", 1, 0, 'i'},
+                                     {"blocks", 1, 0, 'G'},  {0, 0, 0, 0}};
+  for (int c; (c = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
+    switch (c) {
+    case 'n': procs = atoi(optarg); break;
+    case 'r': rank = atoi(optarg); break;
+    case 'd': dir = optarg; break;
+    case 'm': rows = atoi(optarg); break;
+    case 'b': row_bytes = atoll(optarg); break;
+    case 'R': regions = atoi(optarg); break;
+    case 'S': stride = atoll(optarg); break;
+    case 'g': gather = 1; break;
+    case 'i': iters = atoi(optarg); break;
+    case 'G': blocks = atoi(optarg); break;
+    default: fprintf(stderr, "usage: see the comment at the top of tools/mc_membench.cu\n"); return 2;
+    }
+  }
+  if (rows < 1 || row_bytes < 16 || row_bytes % 16 || regions < 1 || iters < 1 || procs < 1) {
+    fprintf(stderr, "mc-membench: rows >= 1, row bytes a multiple of 16, regions >= 1, iters >= 1\n");
+    return 2;
+  }
+  /* default stride: a region holds every row (expert capacity = all of them) */
+  if (stride <= 0) stride = (int64_t)rows * row_bytes;
+  if (blocks <= 0) blocks = default_blocks();
+  const int64_t per_region = (int64_t)((rows + regions - 1) / regions) * row_bytes;
+  if (stride < per_region) stride = per_region;
+  unsigned char *lin, *spr;
+  CHECK(cudaMalloc(&lin, (size_t)rows * row_bytes));
+  CHECK(cudaMalloc(&spr, (size_t)(regions - 1) * stride + per_region));
+  CHECK(cudaMemset(lin, 0x5a, (size_t)rows * row_bytes));
+  CHECK(cudaMemset(spr, 0xa5, (size_t)(regions - 1) * stride + per_region));
+  cudaStream_t st;
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 50; i++) rows_copy<<<blocks, 512, 0, st>>>(lin, spr, rows, row_bytes, regions, stride, gather);
+  CHECK(cudaStreamSynchronize(st));
+  file_barrier(dir, procs, rank, "go");
+  const double t0 = host_ns();
+  CHECK(cudaEventRecord(e0, st));
+  for (int i = 0; i < iters; i++) rows_copy<<<blocks, 512, 0, st>>>(lin, spr, rows, row_bytes, regions, stride, gather);
+  CHECK(cudaEventRecord(e1, st));
+  CHECK(cudaStreamSynchronize(st));
+  const double t1 = host_ns();
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  const double us = 1e3 * ms / iters, bytes = 2.0 * rows * (double)row_bytes; /* read + written */
+  printf("{\"rank\": %d, \"procs\": %d, \"rows\": %d, \"row_bytes\": %lld, \"regions\": %d, \"stride\": %lld, "
+         "\"gather\": %d, \"blocks\": %d, \"iters\": %d, \"us_per_iter\": %.3f, \"gbps\": %.1f, "
+         "\"t0_ns\": %.0f, \"t1_ns\": %.0f}\n",
+         rank, procs, rows, (long long)row_bytes, regions, (long long)stride, gather, blocks, iters, us,
+         bytes / us / 1e3, t0, t1);
+  return 0;
+}
