@@ -13,21 +13,20 @@ int mc_gpu_present(void) {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-/* Blocks per big kernel: the SMs this process may use. Under MPS with
- * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=p only p% of them run its blocks;
- * MC_GPU_BLOCKS overrides. */
-static int grid_size(int device) {
+/* Blocks of MC_THREADS per big kernel (the 256-thread kernels launch
+ * twice as many): one per SM this process may use when it has the GPU to
+ * itself; 7 per 10 SMs when other ranks share the GPU, whose kernels need
+ * room beside this rank's receivers spinning on their signals. Under MPS
+ * (CUDA 13, H200) the SM count the device reports is already the client's
+ * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12. Measured at EP8 on
+ * one H200, 128 tokens (perf-notes 25): 6 blocks (the formula before, which
+ * took the share twice) 142 / 207 us, 10 blocks 116 / 168 us, 14 blocks
+ * 117 / 153 us with a dispatch p99 of 400-520 us, a full wave of every
+ * kernel 105-125 / 151 us with p99 over 1 ms. MC_GPU_BLOCKS overrides. */
+static int grid_size(int sms, int shared) {
   const char *env = getenv("MC_GPU_BLOCKS");
   if (env && atoi(env) > 0) return atoi(env);
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
-  const char *pct = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
-  int p = pct ? atoi(pct) : 100;
-  if (p < 1 || p > 100) p = 100;
-  /* Four blocks per SM of our share, at most one per SM: measured on an H200
-   * under MPS at 12%, 15 blocks ran combine 10x slower than 32 (perf-notes). */
-  int g = 4 * sms * p / 100;
-  if (g > sms) g = sms;
+  const int g = shared ? (7 * sms + 9) / 10 : sms;
   return g < 1 ? 1 : g;
 }
 
@@ -90,7 +89,8 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   a2a->impl = g;
   int dev = 0;
   cudaGetDevice(&dev);
-  g->grid = grid_size(dev);
+  if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
+  g->grid = grid_size(g->sms, 0); /* sized again once the ranks sharing this GPU are known (mc_gpu_decide_scope) */
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
@@ -129,12 +129,18 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
   mine.pull = !g->staged && pull_env && strcmp(pull_env, "1") == 0;
   mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
-  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS;
+  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS, on_mine = 0;
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
-    same &= memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
+    const int here = memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
+    same &= here;
+    on_mine += here;
     pull &= all[r].pull;
   }
   free(all);
+  g->grid = grid_size(g->sms, on_mine > 1);
+  const char *verbose = getenv("MC_VERBOSE");
+  if (rc == MC_SUCCESS && verbose && strcmp(verbose, "1") == 0 && comm->rank == 0)
+    fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU)\n", g->grid, g->sms, on_mine);
   const char *env = getenv("MC_GPU_SCOPE");
   g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
   g->pull = pull;

@@ -12,7 +12,8 @@ typedef struct mc_gpu {
   unsigned char *ws;       /* device workspace */
   mc_dev_error_t *err_h;   /* host view of the mapped error slot */
   mc_dev_error_t *err_d;   /* device view */
-  int grid;                /* blocks of the big kernels */
+  int sms;                 /* SMs this process may use (the MPS share, where there is one) */
+  int grid;                /* blocks of the big kernels (MC_THREADS each) */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
