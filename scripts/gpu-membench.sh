@@ -8,7 +8,9 @@
 # ./gpu-out)/membench.jsonl; a table last: the rate of all processes together
 # (bytes read + written over the span from the first start to the last end).
 # MB_ROWS, MB_ROW_BYTES, MB_ITERS, MB_PROCS, MB_BLOCKS override the defaults
-# (blocks: the library's grid formula); MB_SKIP_ONE=1 skips the lone process.
+# (blocks: the library's grid formula); MB_SKIP_ONE=1 skips the lone process;
+# MB_PEERS=1 spreads the rows over every process's regions through CUDA IPC
+# (what direct dispatch and the registered combine do; perf-notes 21).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -30,7 +32,7 @@ cases() { # procs
       dir=$(mktemp -d)
       for r in $(seq 0 $((p - 1))); do
         "$bin" --procs "$p" --rank "$r" --dir "$dir" --rows "$rows" --row-bytes "$rb" --regions "$regions" \
-          --iters "$iters" ${MB_BLOCKS:+--blocks $MB_BLOCKS} $g >> "$res.$p.$r" 2>> "$out/membench.err" &
+          --iters "$iters" ${MB_BLOCKS:+--blocks $MB_BLOCKS} ${MB_PEERS:+--peers} $g >> "$res.$p.$r" 2>> "$out/membench.err" &
       done
       wait
       rm -rf "$dir"
@@ -38,7 +40,7 @@ cases() { # procs
   done
 }
 export -f cases
-export bin rows rb iters res out MB_BLOCKS
+export bin rows rb iters res out MB_BLOCKS MB_PEERS
 timeout 300 scripts/mc-launch.sh "$n" -- bash -c "cases $n" 2>> "$out/membench.err"
 [ -n "${MB_SKIP_ONE:-}" ] || timeout 120 scripts/mc-launch.sh 1 -- bash -c "cases 1" 2>> "$out/membench.err"
 cat "$res".* >> "$res" 2>/dev/null; rm -f "$res".*
@@ -50,14 +52,14 @@ for line in open(sys.argv[1]):
         j = json.loads(line)
     except ValueError:
         continue
-    runs[(j["procs"], j["regions"], j["gather"])].append(j)
+    runs[(j["procs"], j.get("peers", 0), j["regions"], j["gather"])].append(j)
 print("== membench: rows copied by N processes at once (GB/s: read + written) ==")
-print(f'{"procs":>5} {"regions":>7} {"pattern":>8} {"blocks":>6} {"us/iter (median proc)":>22} {"all together":>12}')
-for (p, r, g), js in sorted(runs.items()):
+print(f'{"procs":>5} {"peers":>5} {"regions":>7} {"pattern":>8} {"blocks":>6} {"us/iter (median proc)":>22} {"all together":>12}')
+for (p, peers, r, g), js in sorted(runs.items()):
     if len(js) != p:
-        print(f"{p:5d} {r:7d} {'gather' if g else 'scatter':>8}  only {len(js)} of {p} processes reported"); continue
+        print(f"{p:5d} {peers:5d} {r:7d} {'gather' if g else 'scatter':>8}  only {len(js)} of {p} processes reported"); continue
     span_s = (max(j["t1_ns"] for j in js) - min(j["t0_ns"] for j in js)) / 1e9
     total = sum(2.0 * j["rows"] * j["row_bytes"] * j["iters"] for j in js)
     us = sorted(j["us_per_iter"] for j in js)[len(js) // 2]
-    print(f'{p:5d} {r:7d} {"gather" if g else "scatter":>8} {js[0]["blocks"]:6d} {us:22.1f} {total / span_s / 1e9:12.0f}')
+    print(f'{p:5d} {peers:5d} {r:7d} {"gather" if g else "scatter":>8} {js[0]["blocks"]:6d} {us:22.1f} {total / span_s / 1e9:12.0f}')
 PY

@@ -233,9 +233,13 @@ if [ "$mode" = zc ]; then
   for t in ${ZC_TOKENS:-1 32 128 512}; do
     reps=1; [ "$t" = 128 ] && reps=2
     for rep in $(seq $reps); do
-      for v in ${ZC_VARIANTS:-copy pull direct}; do # copy, pull (registered), direct (MC_ZC_DISPATCH=direct)
+      # copy, pull (registered), direct (MC_ZC_DISPATCH=direct); *-whole: no
+      # CUDA event between a send and its recv (what an engine runs)
+      for v in ${ZC_VARIANTS:-copy pull direct}; do
         case $v in
         copy) BENV="$one" BT=p2p bench "p2p-copy-t$t-$rep" -t "$t" -r 200 -w 20 ;;
+        copy-whole) BENV="$one" BT=p2p bench "p2p-copywhole-t$t-$rep" -t "$t" -r 200 -w 20 --whole ;;
+        pull-whole) BENV="$one" BT=p2p bench "p2p-pullwhole-t$t-$rep" -t "$t" -r 200 -w 20 --whole --zero-copy ;;
         pull) BENV="$one" BT=p2p bench "p2p-pull-t$t-$rep" -t "$t" -r 200 -w 20 --zero-copy ;;
         direct) BENV="$one MC_ZC_DISPATCH=direct" BT=p2p bench "p2p-direct-t$t-$rep" -t "$t" -r 200 -w 20 --zero-copy ;;
         esac

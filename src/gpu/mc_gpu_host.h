@@ -41,8 +41,9 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
- * MC_GPU_SCOPE=sys asks for system scope anyway; and g->pull when every
- * rank asks for it (MC_GPU_PULL=1) and none stages. */
+ * MC_GPU_SCOPE=sys asks for system scope anyway; g->pull when every
+ * rank asks for it (MC_GPU_PULL=1) and none stages; and g->grid, smaller
+ * where other ranks share this GPU. */
 mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);
