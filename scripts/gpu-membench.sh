@@ -8,7 +8,7 @@
 # ./gpu-out)/membench.jsonl; a table last: the rate of all processes together
 # (bytes read + written over the span from the first start to the last end).
 # MB_ROWS, MB_ROW_BYTES, MB_ITERS, MB_PROCS, MB_BLOCKS override the defaults
-# (blocks: the library's grid formula); MB_SKIP_ONE=1 skips the lone process;
+# (blocks: the library's grid by default); MB_SKIP_ONE=1 skips the lone process;
 # MB_PEERS=1 spreads the rows over every process's regions through CUDA IPC
 # (what direct dispatch and the registered combine do; perf-notes 21).
 set -uo pipefail

@@ -88,15 +88,14 @@ static void file_barrier(const char *dir, int procs, int rank, const char *tag) 
   }
 }
 
-/* the library's grid (src/gpu/mc_gpu_host.c): four blocks per SM of the MPS share, at most one per SM */
-static int default_blocks(void) {
+/* the library's grid (grid_size in src/gpu/mc_gpu_host.c): a block per SM
+ * the process may use, 7 per 10 when other processes share the GPU (runs
+ * 2-3 of perf-notes 25 used the formula before: 6 blocks at EP8) */
+static int default_blocks(int procs) {
   int sms = 1;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const char *pct = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
-  int p = pct ? atoi(pct) : 100;
-  if (p < 1 || p > 100) p = 100;
-  int g = 4 * sms * p / 100;
-  return g > sms ? sms : g < 1 ? 1 : g;
+  const int g = procs > 1 ? (7 * sms + 9) / 10 : sms;
+  return g < 1 ? 1 : g;
 }
 
 int main(int argc, char **argv) {
@@ -129,7 +128,7 @@ int main(int argc, char **argv) {
   }
   /* default stride: a region holds every row (expert capacity = all of them) */
   if (stride <= 0) stride = (int64_t)rows * row_bytes;
-  if (blocks <= 0) blocks = default_blocks();
+  if (blocks <= 0) blocks = default_blocks(procs);
   const int P = peers ? procs : 1; /* processes whose regions the rows spread over */
   const int64_t share = ((rows + P - 1) / P + regions - 1) / regions; /* rows per region from one process */
   const int64_t per_region = share * P * row_bytes;
