@@ -91,6 +91,8 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   g->grid = grid_size(g->sms, 0); /* sized again once the ranks sharing this GPU are known (mc_gpu_decide_scope) */
+  /* MC_GPU_PREWAIT=1 (experimental, not yet run on a GPU): mc_gpu_prewait.cuh */
+  g->prewait = getenv("MC_GPU_PREWAIT") && strcmp(getenv("MC_GPU_PREWAIT"), "1") == 0;
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));

@@ -459,5 +459,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
 }
 
 #include "mc_gpu_zc.cuh" /* the same round over registered expert buffers */
+#include "mc_gpu_prewait.cuh" /* MC_GPU_PREWAIT=1: receivers wait in one block first */
 
 #endif

@@ -47,14 +47,19 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     break;
   }
   case MC_PHASE_DRECV:
-    if (ka.zc == MC_ZC_DIRECT) mc_k_zc_dispatch_recv<<<1, MC_THREADS, 0, st>>>(ka);
-    else mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
+    if (ka.zc == MC_ZC_DIRECT) { /* one block: nothing to copy */
+      mc_k_zc_dispatch_recv<<<1, MC_THREADS, 0, st>>>(ka);
+      break;
+    }
+    if (g->prewait) mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_DRECV); /* mc_gpu_prewait.cuh */
+    mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_CSEND:
     if (ka.zc) mc_k_zc_combine_send<<<1, MC_THREADS, 0, st>>>(ka); /* registered: combine pulls */
     else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_CRECV:
+    if (g->prewait) mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_CRECV);
     if (ka.zc) mc_k_zc_combine_recv<<<2 * g->grid, MC_CSEND_THREADS, mc_zc_crecv_smem_bytes(&a2a->shape), st>>>(ka);
     else mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka);
     break;
