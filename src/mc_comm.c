@@ -43,6 +43,11 @@ typedef struct {
   uint64_t host;
 } comm_agreement_t;
 
+int mc_verbose(void) {
+  const char *v = getenv("MC_VERBOSE");
+  return v && strcmp(v, "1") == 0;
+}
+
 uint64_t mc_host_id(void) {
   char name[256] = {0};
   const char *env = getenv("MC_HOST_ID"); /* containers on several nodes can share a host name */
@@ -188,8 +193,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
                 : mc_transport_ops(MC_TRANSPORT_NVSHMEM)   ? MC_TRANSPORT_NVSHMEM
                 : p2p_ok                                   ? MC_TRANSPORT_P2P
                                                            : MC_TRANSPORT_CPU;
-    const char *v = getenv("MC_VERBOSE");
-    if (rc == MC_SUCCESS && comm->rank == 0 && v && strcmp(v, "1") == 0)
+    if (rc == MC_SUCCESS && comm->rank == 0 && mc_verbose())
       fprintf(stderr, "moecomm: transport auto -> %s%s%s%s\n", mc_transport_name(transport), reach ? "" : " (p2p: ",
               reach ? "" : why, reach ? "" : ")");
   }

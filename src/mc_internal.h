@@ -103,6 +103,8 @@ const mc_transport_ops_t *mc_transport_ops(mc_transport_t t);
 /* Collective helpers over the comm's oob, with the failure written to comm->err. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);
 mc_result_t mc_comm_barrier(mc_comm_t *comm);
+/* 1 when MC_VERBOSE=1: rank 0 then says on stderr what was chosen (transport, grid, zero-copy mode) */
+int mc_verbose(void);
 /* FNV-1a of the host name (or of $MC_HOST_ID): ranks on one host give the same value */
 uint64_t mc_host_id(void);
 

@@ -33,13 +33,17 @@ typedef struct solo {
   mc_comm_t *comm;
 } solo_t;
 
-static int solo_open(solo_t *s, int group_size) {
+static int solo_open_on(solo_t *s, int group_size, mc_transport_t transport) {
   memset(s, 0, sizeof *s);
   if (mc_oob_threads_create(1, 1000, &s->g) != MC_SUCCESS) return 1;
   if (mc_oob_threads_get(s->g, 0, &s->oob) != MC_SUCCESS) return 1;
   mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
   cc.group_size = group_size;
+  cc.transport = transport;
   return mc_comm_create(&s->oob, &cc, &s->comm) != MC_SUCCESS;
+}
+static int solo_open(solo_t *s, int group_size) {
+  return solo_open_on(s, group_size, MC_TRANSPORT_AUTO);
 }
 static void solo_close(solo_t *s) {
   mc_comm_destroy(s->comm);
@@ -203,14 +207,8 @@ int test_create_destroy_loop(void) {
 /* Registering expert buffers is for p2p (GPU suite: gpu_zero_copy); the cpu
  * transport refuses it, names the reason, and the handle works on. */
 int test_register_expert_buffers_rules(void) {
-  mc_oob_threads_t *g;
-  MC_CHECK_OK(mc_oob_threads_create(1, 1000, &g));
-  mc_oob_t oob;
-  MC_CHECK_OK(mc_oob_threads_get(g, 0, &oob));
-  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
-  cc.transport = MC_TRANSPORT_CPU;
-  mc_comm_t *comm = NULL;
-  MC_CHECK_OK(mc_comm_create(&oob, &cc, &comm));
+  solo_t s; /* the cpu transport even where a GPU would make auto pick p2p */
+  MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
   mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
   ac.max_tokens = 4;
   ac.num_experts = 2;
@@ -218,7 +216,7 @@ int test_register_expert_buffers_rules(void) {
   ac.token_bytes = 16;
   ac.hidden = 8;
   mc_a2a_t *a2a = NULL;
-  MC_CHECK_OK(mc_a2a_create(comm, &ac, &a2a));
+  MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
   static _Alignas(16) unsigned char x[2 * 4 * 16], y[2 * 4 * 8 * 2];
   MC_CHECK_RC(mc_a2a_register_expert_buffers(NULL, x, NULL, y), MC_ERR_INVALID_ARG);
   MC_CHECK_RC(mc_a2a_register_expert_buffers(a2a, x, NULL, y), MC_ERR_UNSUPPORTED);
@@ -230,7 +228,6 @@ int test_register_expert_buffers_rules(void) {
   MC_CHECK(count[0] == 0 && count[1] == 1 && memcmp(x + 4 * 16, tok, 16) == 0);
   MC_CHECK_OK(mc_combine(a2a, y, y + 64, MC_SEND_RECV, NULL));
   MC_CHECK_OK(mc_a2a_destroy(a2a));
-  MC_CHECK_OK(mc_comm_destroy(comm));
-  mc_oob_threads_destroy(g);
+  solo_close(&s);
   return 0;
 }

@@ -90,7 +90,7 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   int dev = 0;
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
-  g->grid = grid_size(g->sms, 0); /* sized again once the ranks sharing this GPU are known (mc_gpu_decide_scope) */
+  /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
   /* MC_GPU_PREWAIT=1 (experimental, not yet run on a GPU): mc_gpu_prewait.cuh */
   g->prewait = getenv("MC_GPU_PREWAIT") && strcmp(getenv("MC_GPU_PREWAIT"), "1") == 0;
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
@@ -140,8 +140,7 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   }
   free(all);
   g->grid = grid_size(g->sms, on_mine > 1);
-  const char *verbose = getenv("MC_VERBOSE");
-  if (rc == MC_SUCCESS && verbose && strcmp(verbose, "1") == 0 && comm->rank == 0)
+  if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU)\n", g->grid, g->sms, on_mine);
   const char *env = getenv("MC_GPU_SCOPE");
   g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);

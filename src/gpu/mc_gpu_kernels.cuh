@@ -169,6 +169,30 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   mc_trace_end(&a, MC_TK_DSEND);
 }
 
+/* What a receiving half waits for from rank src, written once: the kernels
+ * below wait with these, and so does MC_GPU_PREWAIT's one block
+ * (mc_gpu_prewait.cuh). Each returns 1 on a failure (recorded). */
+MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
+                        round);
+}
+/* after src's meta: every record it announced there (the running total moves on after dispatch-recv) */
+MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
+  const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(&a.s, src)))[0];
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src),
+                        seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records, MC_PHASE_DRECV, src,
+                        MC_SIG_DISP_RECS, round);
+}
+/* copying combine-recv: every row segment src owes this rank */
+MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
+  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(&a.s));
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
+                        seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s),
+                        MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round);
+}
+
 /* ---- dispatch-recv (whole grid) ----
  * Every block waits for all metas and computes the slot bases itself (a few
  * hundred integers: cheaper than a grid-wide barrier); warps then take
@@ -189,8 +213,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
   if (tid == 0) abort_ = 0;
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round))
-      abort_ = 1;
+    if (mc_wait_meta(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   mc_trace_point(&a, MC_TK_DRECV, 0);
@@ -207,7 +230,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
     for (int src = 0; src < W; src++) prefix[src + 1] = prefix[src] + ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[0];
   }
   __syncthreads();
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   int waited_src = -1;
@@ -216,11 +238,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
     while (prefix[src + 1] <= (uint32_t)i) src++;
     if (src != waited_src) {
       int fail = 0;
-      if (lane == 0) {
-        uint64_t target = seen[MC_SIG_DISP_RECS * W + src] + (prefix[src + 1] - prefix[src]);
-        fail = mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src), target, MC_PHASE_DRECV, src,
-                              MC_SIG_DISP_RECS, round);
-      }
+      if (lane == 0) fail = mc_wait_records(a, src, round); /* prefix[src + 1] - prefix[src] of them */
       if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
       waited_src = src;
     }
@@ -374,17 +392,13 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
   const uint64_t round = *mc_ws_round(&a);
   const int m_eff = (int)sc[MC_WS_M_EFF];
   const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
   __shared__ int abort_;
   mc_trace_start(&a, MC_TK_CRECV);
   if (tid == 0) abort_ = 0;
   __syncthreads();
   const int segs = mc_row_segs(s); /* the rows signal counts row segments */
   for (int src = tid; src < W; src += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                       seen[MC_SIG_COMB_ROWS * W + src] + (uint64_t)expect[src] * segs, MC_PHASE_CRECV, src,
-                       MC_SIG_COMB_ROWS, round))
-      abort_ = 1;
+    if (mc_wait_rows(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   mc_trace_point(&a, MC_TK_CRECV, 0);

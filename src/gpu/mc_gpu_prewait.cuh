@@ -13,33 +13,16 @@
 #define MC_GPU_PREWAIT_CUH
 
 /* phase: MC_PHASE_DRECV (copying dispatch-recv), MC_PHASE_CRECV (combine-recv,
- * copying or registered: a.zc says which) */
+ * copying or registered: a.zc says which). The waits are the receiving
+ * kernels' own (mc_wait_* in mc_gpu_kernels.cuh, mc_zc_wait_outputs). */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_prewait(mc_kargs_t a, int phase) {
-  const mc_shape_t *s = &a.s;
-  const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  if (sc[MC_WS_BAD]) return;
-  const int W = s->world_size;
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   const uint64_t round = *mc_ws_round(&a);
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(s));
-  for (int p = threadIdx.x; p < W; p += blockDim.x) {
-    if (phase == MC_PHASE_DRECV) { /* dispatch-recv: the meta, then the records it announces */
-      if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, p), round, phase, p, MC_SIG_DISP_META, round)) return;
-      const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(s, p)))[0];
-      if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, p), seen[MC_SIG_DISP_RECS * W + p] + records, phase,
-                         p, MC_SIG_DISP_RECS, round))
-        return;
-    } else if (a.zc) { /* registered combine-recv: every expert_y complete, the lower ranks' counts */
-      if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, phase, p, MC_SIG_COMB_BAR, round)) return;
-      if (p < a.rank &&
-          mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_ZC_CNT, p), round, phase, p, MC_SIG_ZC_CNT, round))
-        return;
-    } else { /* copying combine-recv: every row segment expected from p */
-      const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
-      if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, p),
-                         seen[MC_SIG_COMB_ROWS * W + p] + (uint64_t)expect[p] * mc_row_segs(s), phase, p,
-                         MC_SIG_COMB_ROWS, round))
-        return;
-    }
+  for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x) {
+    const int fail = phase == MC_PHASE_DRECV ? mc_wait_meta(a, p, round) || mc_wait_records(a, p, round)
+                     : a.zc                  ? mc_zc_wait_outputs(a, p, round)
+                                             : mc_wait_rows(a, p, round);
+    if (fail) return; /* recorded; the receiving kernel's own waits then give up */
   }
 }
 

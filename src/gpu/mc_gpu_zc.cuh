@@ -174,6 +174,16 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_combine_send(mc_kar
   mc_trace_end(&a, MC_TK_CSEND);
 }
 
+/* What the registered combine-recv waits for from rank p (also
+ * MC_GPU_PREWAIT's, mc_gpu_prewait.cuh): p's expert_y complete, and for a
+ * rank below this one its counts, long there (prep sent them) but the wait
+ * is what orders the loads of them. 1 on a failure (recorded). */
+MC_DEV int mc_zc_wait_outputs(const mc_kargs_t &a, int p, uint64_t round) {
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round) ||
+         (p < a.rank &&
+          mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_ZC_CNT, p), round, MC_PHASE_CRECV, p, MC_SIG_ZC_CNT, round));
+}
+
 /* acc += (the wire dtype's rounding of part): the row the copying path
  * stores at the source and the owner loads again, without the trip */
 MC_DEV void mc_seg_add_rounded(float acc[MC_SEG_GROUPS_PER_LANE][8], const float part[MC_SEG_GROUPS_PER_LANE][8],
@@ -205,10 +215,7 @@ MC_DEV void mc_zc_combine_recv_body(const mc_kargs_t &a, const int dt, const int
   __syncthreads();
   extern __shared__ uint32_t base[]; /* [E] */
   for (int p = tid; p < W; p += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round) ||
-        (p < a.rank && /* long there (prep sent them), but the wait is what orders the loads below */
-         mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_ZC_CNT, p), round, MC_PHASE_CRECV, p, MC_SIG_ZC_CNT, round)))
-      abort_ = 1;
+    if (mc_zc_wait_outputs(a, p, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   mc_zc_bases(a, round, base);

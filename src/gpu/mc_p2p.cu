@@ -401,8 +401,7 @@ static mc_result_t p2p_register_expert(mc_a2a_t *a2a, void *x, void *scale, void
     if (rc == MC_SUCCESS) {
       g->zc = direct ? MC_ZC_DIRECT : MC_ZC_PULL;
       g->zc_tab = (void *const *)p->zc_table;
-      const char *v = getenv("MC_VERBOSE"); /* direct needs every rank's MC_ZC_DISPATCH: say what was agreed */
-      if (v && strcmp(v, "1") == 0 && comm->rank == 0)
+      if (mc_verbose() && comm->rank == 0) /* direct needs every rank's MC_ZC_DISPATCH: say what was agreed */
         fprintf(stderr, "moecomm: expert buffers registered: combine pulls, dispatch %s\n",
                 direct ? "stores directly (MC_ZC_DISPATCH=direct on every rank)" : "copies");
     }
