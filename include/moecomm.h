@@ -378,8 +378,9 @@ typedef struct mc_a2a_stats {
   uint64_t buffer_bytes;          /* receive buffers + signals this rank allocated */
 } mc_a2a_stats_t;
 
-/* Counters kept on a device are copied back first (this synchronises the
- * device: not for the hot path). */
+/* Counters kept on a device are copied back first, as the halves that have
+ * finished left them: synchronise the stream of the halves to be counted
+ * first. Not for the hot path (it creates and synchronises a stream). */
 MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
 
 /* ---- benchmark support ------------------------------------------------- */

@@ -161,12 +161,14 @@ if [ "$mode" = trace ]; then
   exit 0
 fi
 run_test() { # name [VAR=value ...]: the test, under the environment given
-  local t=$1 s tag; shift; s=$(date +%s); tag=$t${1:+-${1%%=*}}
-  if env "$@" timeout "${TEST_TIMEOUT:-300}" $L build-dev/mc_tests "$t" > "$out/test-$tag.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  local t=$1 s tag launch=$L; shift; s=$(date +%s); tag=$t${1:+-${1%%=*}}
+  # ranks as threads: one process on the whole GPU (under MPS it would get one rank's share)
+  [ "$t" = gpu_p2p_threads ] && launch="scripts/mc-launch.sh 1 --"
+  if env "$@" timeout "${TEST_TIMEOUT:-300}" $launch build-dev/mc_tests "$t" > "$out/test-$tag.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_zero_copy"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_zero_copy gpu_p2p_threads"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # zc: registered expert buffers (docs/zero-copy.md): their own test, the suite
 # with every run registered, the sanitizers on them, then copy against
@@ -199,7 +201,7 @@ run_test gpu_ep_sizes MC_GPU_SCOPE=sys
 run_test gpu_ep_sizes MC_GPU_PULL=1 MC_TEST_TRANSPORT=p2p
 run_test gpu_zero_copy MC_ZC_DISPATCH=direct
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
-for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_zero_copy) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
+for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_zero_copy|gpu_p2p_threads) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 fi
 
 if [ "$mode" = tests ]; then

@@ -388,3 +388,50 @@ int test_gpu_zero_copy(void) {
   MC_CHECK(run_zc(&c, &o, 1) == 0);
   return 0;
 }
+
+/* p2p with ranks as threads of one process (what an engine that drives its
+ * GPUs from threads runs): peers' windows used at their own addresses, no
+ * IPC; on a machine of fewer GPUs than ranks several threads share a GPU,
+ * each with its own stream, and the library splits the SMs between them.
+ * EP 2-8, copying and registered buffers, work between the halves. Run it
+ * as one process on the whole GPU (scripts/mc-launch.sh 1 --): under MPS
+ * the process gets one rank's share for all its threads. */
+int test_gpu_p2p_threads(void) {
+  REQUIRE_GPU();
+  static const int worlds[] = {2, 4, 8};
+  for (int w = 0; w < 3; w++)
+    for (int zc = 0; zc <= 1; zc++) {
+      mc_case_t c;
+      small_case(&c, worlds[w], 1, 70 + w * 2 + zc);
+      c.token_bytes = 1024; /* fp8 payload with block scales */
+      c.scale_bytes = 32;
+      c.in_dtype = MC_DTYPE_BF16;
+      c.out_dtype = MC_DTYPE_BF16;
+      c.use_bound_m = zc;
+      mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+      o.transport = MC_TRANSPORT_P2P; /* o.processes stays 0: ranks are threads */
+      o.rounds = 6;
+      o.split = 1;
+      o.zero_copy = zc;
+      mc_run_result_t res;
+      int failed = mc_run(&c, &o, &res);
+      char desc[400];
+      mc_ref_describe(&c, desc, sizeof desc);
+      printf("%s: threads, zero-copy %d: %s\n", failed ? "FAILED" : "ok", zc, desc);
+      MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+      MC_CHECK_MSG(res.ranks[0].transport == MC_TRANSPORT_P2P, "ran on transport %d", res.ranks[0].transport);
+      mc_run_free(&res);
+    }
+  /* the DeepSeek-V3 shape, 8 threads, a few rounds */
+  mc_case_t c;
+  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  c.seed = mc_test_seed + 2;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.transport = MC_TRANSPORT_P2P;
+  o.rounds = 3;
+  mc_run_result_t res;
+  int failed = mc_run(&c, &o, &res);
+  MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
+  mc_run_free(&res);
+  return 0;
+}

@@ -42,6 +42,8 @@ static void usage(FILE *f) {
       "  -s, --seed S          input seed                                 [1]\n"
       "      --transport T     cpu, nvshmem, p2p or auto                  [cpu]\n"
       "      --processes       ranks as processes (socket bootstrap), not threads\n"
+      "      --threads         p2p: ranks as threads of this process (several on one GPU\n"
+      "                        share it without MPS: run it as one process, mc-launch.sh 1)\n"
       "      --check-first N   GPU: check the first N rounds and the last [5]\n"
       "      --no-dense        GPU: skip the dense all-to-all baselines\n"
       "      --nccl            GPU: also time NCCL's grouped send/recv all-to-all of the same\n"
@@ -97,7 +99,8 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC, O_THREADS };
+  int threads = 0;
   int nccl = 0;
   int sizes_only = 0;
   int dense = 1;
@@ -108,6 +111,7 @@ int main(int argc, char **argv) {
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
       {"scale-bytes", 1, 0, O_SB}, {"in-dtype", 1, 0, O_IN},  {"out-dtype", 1, 0, O_OUT}, {"rounds", 1, 0, 'r'},
       {"warmup", 1, 0, 'w'},      {"seed", 1, 0, 's'},       {"processes", 0, 0, O_PROC}, {"split", 0, 0, O_SPLIT},
+      {"threads", 0, 0, O_THREADS},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE}, {"zero-copy", 0, 0, O_ZC},
@@ -133,6 +137,7 @@ int main(int argc, char **argv) {
     case 'w': o.warmup = atoi(optarg); break;
     case 's': c.seed = strtoull(optarg, NULL, 10); break;
     case O_PROC: o.processes = 1; break;
+    case O_THREADS: threads = 1; break;
     case O_SPLIT: o.split = 1; break;
     case O_GRAPH: o.graph_timed = 1; break;
     case O_WHOLE: o.whole = 1; break;
@@ -190,6 +195,9 @@ int main(int argc, char **argv) {
   if (o.transport == MC_TRANSPORT_P2P) dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */
   if (gpu) {
     o.processes = 1; /* one process per rank, as an engine runs them (NVSHMEM: one PE each) */
+    if (threads && o.transport != MC_TRANSPORT_P2P)
+      return fprintf(stderr, "mc-bench: --threads needs --transport p2p (NVSHMEM: one PE per process)\n"), 2;
+    if (threads) o.processes = 0;
     /* the dense baseline: every rank sends every peer num_local_experts x
      * max_tokens padded records (token + scale bytes) */
     if (dense) o.dense_bytes = (size_t)(c.num_experts / c.world_size) * c.max_tokens * (c.token_bytes + c.scale_bytes);

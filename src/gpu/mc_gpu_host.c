@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int mc_gpu_present(void) {
   int n = 0;
@@ -124,24 +125,35 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   const char *pull_env = getenv("MC_GPU_PULL");
   struct {
     unsigned char uuid[sizeof p.uuid.bytes];
+    uint64_t host;
+    int32_t pid;
     int32_t pull;
   } mine, *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   memset(&mine, 0, sizeof mine);
   memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
+  mine.host = mc_host_id();
+  mine.pid = (int32_t)getpid();
   mine.pull = !g->staged && pull_env && strcmp(pull_env, "1") == 0;
   mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
-  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS, on_mine = 0;
+  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS, on_mine = 0, threads_here = 0;
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
     const int here = memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
     same &= here;
     on_mine += here;
+    threads_here += here && all[r].host == mine.host && all[r].pid == mine.pid;
     pull &= all[r].pull;
   }
   free(all);
-  g->grid = grid_size(g->sms, on_mine > 1);
+  /* Ranks that are threads of this process on this GPU split the SMs the
+   * device reports between them (MPS limits processes, not threads): without
+   * that each launched a grid for the whole GPU, and 8 ranks' spinning
+   * receivers could hold every SM while a sender's kernel waited. */
+  const int sms = threads_here > 1 ? (g->sms + threads_here - 1) / threads_here : g->sms;
+  g->grid = grid_size(sms, on_mine > 1);
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
-    fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU)\n", g->grid, g->sms, on_mine);
+    fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
+            g->grid, g->sms, on_mine, threads_here);
   const char *env = getenv("MC_GPU_SCOPE");
   g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
   g->pull = pull;
@@ -237,11 +249,19 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   return MC_SUCCESS;
 }
 
+/* The counters as the finished halves left them, copied on a stream of its
+ * own: no device-wide synchronisation, which with ranks that are threads of
+ * one process on one GPU would wait for a peer's receiver that waits for
+ * this thread's next send (the caller synchronises its own stream first). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   uint64_t st[MC_WS_NSTATS];
-  cudaDeviceSynchronize();
-  if (cudaMemcpy(st, g->ws + mc_ws_stats_off(&a2a->shape), sizeof st, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  cudaStream_t s;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
+  cudaError_t e = cudaMemcpyAsync(st, g->ws + mc_ws_stats_off(&a2a->shape), sizeof st, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  if (e != cudaSuccess) return;
   a2a->stats.dispatch_records_sent = st[MC_STAT_DREC];
   a2a->stats.dispatch_bytes_sent = st[MC_STAT_DBYTES];
   a2a->stats.combine_rows_sent = st[MC_STAT_CROWS];

@@ -138,8 +138,8 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
   const void *bad_tokens = in->m > 0 ? inv_buf : ci->tokens;
 #define D(tok, sc, idx, m, bnd, flags)                                                                                 \
   mc_dispatch(a2a, (tok) == ci->tokens ? bad_tokens : (tok), sc, idx, ci->weights, m, bnd, d->x, d->xs,                \
-              (int32_t *)d->count, flags, NULL)
-  bad |= expect_fail(me, a2a, rank, round, "combine first", mc_combine(a2a, d->y, d->out, MC_SEND_RECV, NULL),
+              (int32_t *)d->count, flags, mc_dev_stream())
+  bad |= expect_fail(me, a2a, rank, round, "combine first", mc_combine(a2a, d->y, d->out, MC_SEND_RECV, mc_dev_stream()),
                      MC_ERR_INVALID_USAGE, "next step is the dispatch send");
   bad |= expect_fail(me, a2a, rank, round, "recv before send",
                      D(ci->tokens, ci->scales, ci->indices, in->m, ci->bound, MC_RECV), MC_ERR_INVALID_USAGE,

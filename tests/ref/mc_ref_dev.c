@@ -64,10 +64,30 @@ void mc_dev_free(int gpu, void *p) {
   free(p);
 }
 
+/* Every device call of the harness goes to the calling thread's default
+ * stream (cudaStreamPerThread), never the legacy stream 0: when ranks are
+ * threads of one process on one GPU, work on stream 0 (or a device-wide
+ * synchronisation) waits for the other ranks' kernels, whose receivers wait
+ * for this rank's next send: a hang. As processes it changes nothing. */
+void *mc_dev_stream(void) {
+#ifdef MC_REF_CUDA
+  return (void *)cudaStreamPerThread;
+#else
+  return NULL;
+#endif
+}
+
+#ifdef MC_REF_CUDA
+static int copy_sync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, n, kind, cudaStreamPerThread) != cudaSuccess ||
+         cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess;
+}
+#endif
+
 int mc_dev_put(int gpu, void *dst, const void *src, size_t n) {
   if (dst == src || n == 0) return 0;
 #ifdef MC_REF_CUDA
-  if (gpu) return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess;
+  if (gpu) return copy_sync(dst, src, n, cudaMemcpyHostToDevice);
 #endif
   (void)gpu;
   memcpy(dst, src, n);
@@ -77,7 +97,7 @@ int mc_dev_put(int gpu, void *dst, const void *src, size_t n) {
 int mc_dev_get(int gpu, void *dst, const void *src, size_t n) {
   if (dst == src || n == 0) return 0;
 #ifdef MC_REF_CUDA
-  if (gpu) return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) != cudaSuccess;
+  if (gpu) return copy_sync(dst, src, n, cudaMemcpyDeviceToHost);
 #endif
   (void)gpu;
   memcpy(dst, src, n);
@@ -86,7 +106,7 @@ int mc_dev_get(int gpu, void *dst, const void *src, size_t n) {
 
 int mc_dev_fill(int gpu, void *p, int byte, size_t n) {
 #ifdef MC_REF_CUDA
-  if (gpu) return cudaMemset(p, byte, n) != cudaSuccess;
+  if (gpu) return cudaMemsetAsync(p, byte, n, cudaStreamPerThread) != cudaSuccess;
 #endif
   (void)gpu;
   memset(p, byte, n);
@@ -95,7 +115,7 @@ int mc_dev_fill(int gpu, void *p, int byte, size_t n) {
 
 int mc_dev_sync(int gpu) {
 #ifdef MC_REF_CUDA
-  if (gpu) return cudaDeviceSynchronize() != cudaSuccess;
+  if (gpu) return cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess;
 #endif
   (void)gpu;
   return 0;
@@ -105,7 +125,7 @@ static _Thread_local volatile double sink_;
 void mc_dev_busy(int gpu, void *scratch, size_t n) {
 #ifdef MC_REF_CUDA
   if (gpu) { /* a few passes over a scratch buffer, queued on the stream */
-    for (int i = 0; i < 4; i++) cudaMemsetAsync(scratch, i, n, 0);
+    for (int i = 0; i < 4; i++) cudaMemsetAsync(scratch, i, n, cudaStreamPerThread);
     return;
   }
 #endif
@@ -122,7 +142,7 @@ void mc_dev_mark(int gpu, int k) {
       for (int i = 0; i < MC_DEV_MARKS; i++) cudaEventCreate(&marks[i]);
       marks_made = 1;
     }
-    cudaEventRecord(marks[k], 0);
+    cudaEventRecord(marks[k], cudaStreamPerThread);
     return;
   }
 #endif

@@ -1,7 +1,7 @@
 /* mc_ref_dev.h - where the harness keeps a rank's buffers: host memory for
  * the cpu transport, device memory for the GPU transports (then inputs are
  * uploaded and outputs downloaded for the checks). Timing marks are host
- * clock reads or CUDA events on the default stream. */
+ * clock reads or CUDA events on the rank's stream (mc_dev_stream). */
 #ifndef MC_REF_DEV_H
 #define MC_REF_DEV_H
 
@@ -17,8 +17,12 @@ void *mc_dev_alloc(int gpu, size_t n);
 void mc_dev_free(int gpu, void *p);
 int mc_dev_put(int gpu, void *dst, const void *src, size_t n); /* host -> buffer */
 int mc_dev_get(int gpu, void *dst, const void *src, size_t n); /* buffer -> host */
-int mc_dev_fill(int gpu, void *p, int byte, size_t n);
-int mc_dev_sync(int gpu);
+int mc_dev_fill(int gpu, void *p, int byte, size_t n); /* queued on mc_dev_stream() */
+int mc_dev_sync(int gpu);                             /* mc_dev_stream(), not the device */
+/* the stream every library call and device call of this rank goes to: the
+ * calling thread's own (cudaStreamPerThread), so ranks that are threads of
+ * one process on one GPU do not serialise on stream 0; NULL without CUDA */
+void *mc_dev_stream(void);
 /* other work on the stream between a send and its recv */
 void mc_dev_busy(int gpu, void *scratch, size_t n);
 void mc_dev_mark(int gpu, int k);

@@ -78,7 +78,7 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
        * device barrier after the fills, on the same stream). */
       mc_dev_fill(1, d->x, POISON_X, xbytes);
       if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
-      mc_result_t brc = mc_a2a_barrier(a2a, NULL);
+      mc_result_t brc = mc_a2a_barrier(a2a, mc_dev_stream());
       if (brc != MC_SUCCESS || mc_dev_sync(1) != 0) {
         mc_rr_fail(me, brc, "round %llu rank %d: barrier after the poison: %s", (unsigned long long)round, rank,
                    mc_a2a_last_error(a2a));

@@ -197,13 +197,13 @@ static void rank_main(run_ctx_t *ctx) {
     }
     /* on a GPU the host barrier leaves launch skew between processes: line
      * the ranks' streams up on the device as well */
-    if (o->barrier && gpu) API(mc_a2a_barrier(a2a, NULL));
+    if (o->barrier && gpu) API(mc_a2a_barrier(a2a, mc_dev_stream()));
 #define DISPATCH(flags)                                                                                                \
-  mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, NULL)
+  mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, mc_dev_stream())
     /* registered: other expert buffers are refused before anything is sent */
     if (zc && i == 0 &&
         mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.scratch, d.xs, d.count,
-                    MC_SEND_RECV, NULL) != MC_ERR_INVALID_ARG) {
+                    MC_SEND_RECV, mc_dev_stream()) != MC_ERR_INVALID_ARG) {
       mc_rr_fail(me, 0, "rank %d: dispatch into other buffers than the registered ones was not refused", rank);
       goto done;
     }
@@ -237,16 +237,16 @@ static void rank_main(run_ctx_t *ctx) {
       mc_dev_fill(1, d.x, POISON_X, xbytes);
       if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
     }
-    if (zc && i == 0 && mc_combine(a2a, d.scratch, d.out, MC_SEND_RECV, NULL) != MC_ERR_INVALID_ARG) {
+    if (zc && i == 0 && mc_combine(a2a, d.scratch, d.out, MC_SEND_RECV, mc_dev_stream()) != MC_ERR_INVALID_ARG) {
       mc_rr_fail(me, 0, "rank %d: combine from another expert_y than the registered one was not refused", rank);
       goto done;
     }
     mc_dev_mark(gpu, 4);
-    API(mc_combine(a2a, d.y, d.out, MC_SEND, NULL));
+    API(mc_combine(a2a, d.y, d.out, MC_SEND, mc_dev_stream()));
     if (!o->whole) mc_dev_mark(gpu, 5);
     if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
     if (!o->whole) mc_dev_mark(gpu, 6);
-    API(mc_combine(a2a, d.y, d.out, MC_RECV, NULL));
+    API(mc_combine(a2a, d.y, d.out, MC_RECV, mc_dev_stream()));
     mc_dev_mark(gpu, 7);
     mc_dev_sync(gpu);
     if (i >= o->warmup) {
@@ -284,7 +284,7 @@ static void rank_main(run_ctx_t *ctx) {
     }
   }
 done:
-  if (me->api_rc == MC_ERR_TIMEOUT && a2a) me->rc_after_timeout = mc_combine(a2a, d.y, d.out, MC_SEND_RECV, NULL);
+  if (me->api_rc == MC_ERR_TIMEOUT && a2a) me->rc_after_timeout = mc_combine(a2a, d.y, d.out, MC_SEND_RECV, mc_dev_stream());
   if (hs[0]) {
     me->stats.size = sizeof me->stats;
     mc_a2a_get_stats(hs[0], &me->stats);

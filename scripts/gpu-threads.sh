@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# gpu-threads.sh - EP8 on one H200 with the ranks as threads of one process
+# (mc-bench --threads, p2p; no MPS: the library splits the GPU's SMs between
+# the threads) beside the same points with the ranks as processes under MPS
+# (mc-launch.sh's share), alternating in one call: copying and registered,
+# 1 and 128 tokens. Needs build-dev (gpu-run.sh builds it). JSON to $OUT (or
+# ./gpu-out); a table last.
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+[ -x build-dev/mc-bench ] || { echo "build-dev/mc-bench missing: run scripts/gpu-run.sh first"; exit 1; }
+for rep in 1 2; do
+  for t in 128 1; do
+    for z in "" --zero-copy; do
+      v=copy; [ -n "$z" ] && v=zc
+      MC_VERBOSE=1 timeout 120 scripts/mc-launch.sh 1 -- build-dev/mc-bench --transport p2p --threads --json -t $t \
+        -r 200 -w 20 $z > "$out/th-threads-$v-t$t-$rep.json" 2> "$out/th-threads-$v-t$t-$rep.err"
+      timeout 120 scripts/mc-launch.sh 8 -- build-dev/mc-bench --transport p2p --json -t $t -r 200 -w 20 --no-dense $z \
+        > "$out/th-procs-$v-t$t-$rep.json" 2> "$out/th-procs-$v-t$t-$rep.err"
+    done
+  done
+done
+grep -h "blocks per kernel" "$out"/th-threads-copy-t128-1.err
+python3 - "$out" <<'PY'
+import glob, json, os, sys
+print("== EP8 one H200, p2p: ranks as threads (no MPS) against processes (MPS) (median / p99 us)")
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "th-*.json"))):
+    try:
+        j = json.load(open(f)); l = j["latency_us"]
+    except Exception:
+        print(os.path.basename(f), "unreadable/failed"); continue
+    print(f'{os.path.basename(f)[3:-5]:22s} disp {l["dispatch"]["median"]:7.1f} p99 {l["dispatch"]["p99"]:7.1f}  '
+          f'comb {l["combine"]["median"]:7.1f} p99 {l["combine"]["p99"]:7.1f}  {j["ranks_as"]} {j["verdict"]}')
+PY
+(cd "$out" && tar czf threads.tgz --remove-files th-*.json th-*.err 2>/dev/null || true)
