@@ -413,6 +413,7 @@ int test_gpu_p2p_threads(void) {
       o.rounds = 6;
       o.split = 1;
       o.zero_copy = zc;
+      o.barrier = worlds[w] == 8; /* mc_a2a_barrier's kernel first: the first launch that waits for peers */
       mc_run_result_t res;
       int failed = mc_run(&c, &o, &res);
       char desc[400];
@@ -422,13 +423,16 @@ int test_gpu_p2p_threads(void) {
       MC_CHECK_MSG(res.ranks[0].transport == MC_TRANSPORT_P2P, "ran on transport %d", res.ranks[0].transport);
       mc_run_free(&res);
     }
-  /* the DeepSeek-V3 shape, 8 threads, a few rounds */
+  /* the DeepSeek-V3 shape, 8 threads, a few rounds, as mc-bench runs them
+   * (a barrier kernel before each round). With the kernels loaded lazily at
+   * their first launch this hung: mc_gpu_kernel_limits loads them all. */
   mc_case_t c;
   mc_ref_deepseek_case(cap_world(8), 32, &c);
   c.seed = mc_test_seed + 2;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.transport = MC_TRANSPORT_P2P;
   o.rounds = 3;
+  o.barrier = 1;
   mc_run_result_t res;
   int failed = mc_run(&c, &o, &res);
   MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));

@@ -13,10 +13,28 @@ static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
   return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: %s: %s", a2a->comm->rank, what, cudaGetErrorString(e));
 }
 
-/* Raise the prep kernel's shared-memory limit where the shape needs more
- * than the default 48 KB (near 4096 experts and 1024 ranks). */
+/* Load every kernel of this transport now, at create. CUDA loads a kernel
+ * lazily at its first launch (the default since CUDA 12.2), and loading may
+ * wait for every kernel of the context to finish: with ranks that are
+ * threads of one process, a first launch in one thread then waits for a
+ * peer thread's receiver, which spins until this thread's kernel runs. EP8
+ * as 8 threads on one H200 hung so until the comm timeout (2026-11-29,
+ * sixth session). Reading a kernel's attributes loads it. Then raise the
+ * prep kernel's shared-memory limit where the shape needs more than the
+ * default 48 KB (near 4096 experts and 1024 ranks). */
 static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
+  static const void *const all[] = {
+      (const void *)mc_k_dispatch_prep,    (const void *)mc_k_dispatch_prep_fix, (const void *)mc_k_dispatch_pack,
+      (const void *)mc_k_dispatch_send,    (const void *)mc_k_dispatch_recv,     (const void *)mc_k_combine_send,
+      (const void *)mc_k_combine_recv,     (const void *)mc_k_barrier,           (const void *)mc_k_prewait,
+      (const void *)mc_k_zc_dispatch_send, (const void *)mc_k_zc_dispatch_recv,  (const void *)mc_k_zc_combine_send,
+      (const void *)mc_k_zc_combine_recv};
   cudaError_t e = cudaSuccess;
+  for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
+    struct cudaFuncAttributes attr;
+    e = cudaFuncGetAttributes(&attr, all[i]);
+  }
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "loading the kernels");
   if (mc_prep_smem_bytes(&a2a->shape) > (48u << 10))
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)mc_prep_smem_bytes(&a2a->shape));
