@@ -158,6 +158,7 @@ extern "C" mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_p
     return mc_fail(comm->err, MC_ERR_NVSHMEM, "nvshmem_malloc of 2 x %zu bytes failed (NVSHMEM_SYMMETRIC_SIZE)", total);
   }
   cudaMemset(src, 0x5a, total);
+  cudaMemset(dst, 0, total);
   cudaStream_t st;
   cudaEvent_t e0, e1;
   cudaStreamCreate(&st);
@@ -174,6 +175,20 @@ extern "C" mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_p
     if (i >= warmup) cudaEventElapsedTime(&times_us[i - warmup], e0, e1), times_us[i - warmup] *= 1000.0f;
   }
   cudaStreamSynchronize(st);
+  /* NVSHMEM returns success from collectives it does not run when MPS
+   * shares on the GPU add up past 100% ("limited MPG": 8 ranks at 13%):
+   * check that every peer's block arrived, so a skipped baseline is an
+   * error, not a time of zero */
+  for (int p = 0; rc == MC_SUCCESS && p < comm->world_size; p++) {
+    unsigned char got[16] = {0}, want[16];
+    const size_t n = bytes_per_peer < sizeof got ? bytes_per_peer : sizeof got;
+    memset(want, 0x5a, sizeof want);
+    if (cudaMemcpy(got, (unsigned char *)dst + (size_t)p * bytes_per_peer, n, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        memcmp(got, want, n) != 0)
+      rc = mc_fail(comm->err, MC_ERR_NVSHMEM,
+                   "nvshmemx_alltoallmem_on_stream moved nothing from rank %d (MPS shares past 100%% of the GPU: "
+                   "NVSHMEM's limited MPG mode runs no collectives)", p);
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(st);

@@ -277,6 +277,7 @@ static void rank_main(run_ctx_t *ctx) {
     mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
                                                    ctx->res->dense_us + (size_t)rank * ctx->res->rounds);
     if (rank == 0) ctx->res->dense_rc = drc;
+    if (rank == 0 && drc != MC_SUCCESS) fprintf(stderr, "dense baseline: %s\n", mc_comm_last_error(comm));
     if (o->extra_baseline) {
       int xrc = o->extra_baseline(&ctx->oob, o->dense_bytes, o->warmup, o->rounds,
                                   ctx->res->extra_us + (size_t)rank * ctx->res->rounds);
