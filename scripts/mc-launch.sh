@@ -4,7 +4,7 @@
 # mc_tests gpu_*), with the environment they need on this machine:
 # - one rank per GPU when there are at least N GPUs (rank r uses GPU r % count);
 # - otherwise several ranks per GPU under MPS, each limited to 100/k percent
-#   of its GPU's SMs, rounded up (k ranks per GPU); MPS is started here and always shut
+#   of its GPU's SMs (k ranks per GPU; 12.5% for 8); MPS is started here and always shut
 #   down when this script exits, however it exits;
 #   (MC_MPS_PERCENT overrides the share; MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
 #   not run under MPS); the share is also what keeps ranks sharing a GPU live: at MC_MPS_PERCENT=100, 8 ranks'
@@ -41,10 +41,12 @@ if [ "$n" -gt "$gpus" ] && [ -z "${MC_NO_MPS:-}" ]; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d
   trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
-  # 100/k rounded up: MPS hands out whole TPCs (2 SMs), rounding down, so
-  # 8 ranks at 12% got 14 of the H200's 132 SMs each and at 13% get 16
-  # (DESIGN.md's testbed; perf-notes 29); on its 66 TPCs, k shares never add up past the GPU
-  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MC_MPS_PERCENT:-$(( (100 + per - 1) / per ))}
+  # 100/k to two decimals (MPS takes fractions): MPS hands out whole TPCs
+  # (2 SMs), rounding down, so 8 ranks at 12% got 14 of the H200's 132 SMs
+  # each, at 12.5% 16 (DESIGN.md's testbed; perf-notes 29). Not 13%, which
+  # also gives 16: shares past 100% put NVSHMEM in its "limited MPG" mode,
+  # where its alltoall (the dense baseline) does not run
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MC_MPS_PERCENT:-$(awk -v k="$per" 'BEGIN { printf "%g", int(10000 / k) / 100 }')}
   echo "mc-launch: $n ranks on $gpus GPU(s) under MPS, $per per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE}% of the SMs each" >&2
 elif [ "$n" -gt "$gpus" ]; then
   echo "mc-launch: $n ranks on $gpus GPU(s), time-sliced (MC_NO_MPS)" >&2
