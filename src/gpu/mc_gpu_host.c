@@ -19,11 +19,13 @@ int mc_gpu_present(void) {
  * itself; 7 per 10 SMs when other ranks share the GPU, whose kernels need
  * room beside this rank's receivers spinning on their signals. Under MPS
  * (CUDA 13, H200) the SM count the device reports is already the client's
- * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12. Measured at EP8 on
- * one H200, 128 tokens (perf-notes 25): 6 blocks (the formula before, which
- * took the share twice) 142 / 207 us, 10 blocks 116 / 168 us, 14 blocks
- * 117 / 153 us with a dispatch p99 of 400-520 us, a full wave of every
- * kernel 105-125 / 151 us with p99 over 1 ms. MC_GPU_BLOCKS overrides. */
+ * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12, 16 at 12.5. Measured
+ * at EP8 on one H200, 128 tokens, 14 SMs (perf-notes 25): 6 blocks (the
+ * formula before, which took the share twice) 142 / 207 us, 10 blocks
+ * 116 / 168 us, 14 blocks 117 / 153 us with a dispatch p99 of 400-520 us, a
+ * full wave of every kernel 105-125 / 151 us with p99 over 1 ms; at 16 SMs
+ * 12 blocks 112 / 153 us against 118 / 167 with 10 (perf-notes 33).
+ * MC_GPU_BLOCKS overrides. */
 static int grid_size(int sms, int shared) {
   const char *env = getenv("MC_GPU_BLOCKS");
   if (env && atoi(env) > 0) return atoi(env);
@@ -92,7 +94,7 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_PREWAIT=1 (experimental, not yet run on a GPU): mc_gpu_prewait.cuh */
+  /* MC_GPU_PREWAIT=1 (off by default: shorter tails, longer medians): mc_gpu_prewait.cuh */
   g->prewait = getenv("MC_GPU_PREWAIT") && strcmp(getenv("MC_GPU_PREWAIT"), "1") == 0;
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
@@ -116,8 +118,8 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   struct cudaDeviceProp p;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: cannot read the device's properties", comm->rank);
-  /* MC_GPU_PULL=1 (experimental, written 2026-11-29 and not yet run on a
-   * GPU): with every peer directly reachable, dispatch-send stores only a
+  /* MC_GPU_PULL=1 (off by default: it pays at 4096 tokens and on one GPU,
+   * loses at 128 tokens across NVLink, perf-notes 17): with every peer directly reachable, dispatch-send stores only a
    * record's staging index at each destination and dispatch-recv reads the
    * record from the sender's staging straight into expert_x, so the record
    * crosses memory once instead of twice (perf-notes 14). On only where
