@@ -43,19 +43,23 @@ static int zero_copy_env(void) {
   return z && strcmp(z, "1") == 0;
 }
 
-/* One run as processes over `transport`, its verdict printed with the case. */
-static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) {
-  o->processes = 1;
+/* One run over `transport`, ranks as processes (or as threads of this
+ * process), its verdict printed with the case. */
+static int run_as(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport, int processes) {
+  o->processes = processes;
   o->transport = transport;
   mc_run_result_t res;
   int failed = mc_run(c, o, &res);
   char desc[400];
   mc_ref_describe(c, desc, sizeof desc);
-  printf("%s: zero-copy %d: %s\n", failed ? "FAILED" : "ok", o->zero_copy, desc);
+  printf("%s: %s, zero-copy %d: %s\n", failed ? "FAILED" : "ok", processes ? "processes" : "threads", o->zero_copy,
+         desc);
   if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
   mc_run_free(&res);
   return failed != 0;
 }
+
+static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) { return run_as(c, o, transport, 1); }
 
 static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
   if (zero_copy_env()) o->zero_copy = 1;
@@ -409,19 +413,11 @@ int test_gpu_p2p_threads(void) {
       c.out_dtype = MC_DTYPE_BF16;
       c.use_bound_m = zc;
       mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-      o.transport = MC_TRANSPORT_P2P; /* o.processes stays 0: ranks are threads */
       o.rounds = 6;
       o.split = 1;
       o.zero_copy = zc;
       o.barrier = worlds[w] == 8; /* mc_a2a_barrier's kernel first: the first launch that waits for peers */
-      mc_run_result_t res;
-      int failed = mc_run(&c, &o, &res);
-      char desc[400];
-      mc_ref_describe(&c, desc, sizeof desc);
-      printf("%s: threads, zero-copy %d: %s\n", failed ? "FAILED" : "ok", zc, desc);
-      MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
-      MC_CHECK_MSG(res.ranks[0].transport == MC_TRANSPORT_P2P, "ran on transport %d", res.ranks[0].transport);
-      mc_run_free(&res);
+      MC_CHECK(run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
     }
   /* the DeepSeek-V3 shape, 8 threads, a few rounds, as mc-bench runs them
    * (a barrier kernel before each round). With the kernels loaded lazily at
@@ -430,12 +426,8 @@ int test_gpu_p2p_threads(void) {
   mc_ref_deepseek_case(cap_world(8), 32, &c);
   c.seed = mc_test_seed + 2;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-  o.transport = MC_TRANSPORT_P2P;
   o.rounds = 3;
   o.barrier = 1;
-  mc_run_result_t res;
-  int failed = mc_run(&c, &o, &res);
-  MC_CHECK_MSG(failed == 0, "%s", failed < 0 ? "could not start" : mc_run_first_failure(&res));
-  mc_run_free(&res);
+  MC_CHECK(run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
   return 0;
 }

@@ -119,11 +119,12 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: cannot read the device's properties", comm->rank);
   /* MC_GPU_PULL=1 (off by default: it pays at 4096 tokens and on one GPU,
-   * loses at 128 tokens across NVLink, perf-notes 17): with every peer directly reachable, dispatch-send stores only a
-   * record's staging index at each destination and dispatch-recv reads the
-   * record from the sender's staging straight into expert_x, so the record
-   * crosses memory once instead of twice (perf-notes 14). On only where
-   * every rank asks for it and none stages. */
+   * loses at 128 tokens across NVLink, perf-notes 17): with every peer
+   * directly reachable, dispatch-send stores only a record's staging index
+   * at each destination and dispatch-recv reads the record from the
+   * sender's staging straight into expert_x, so the record crosses memory
+   * once instead of twice (perf-notes 14). On only where every rank asks
+   * for it and none stages. */
   const char *pull_env = getenv("MC_GPU_PULL");
   struct {
     unsigned char uuid[sizeof p.uuid.bytes];
