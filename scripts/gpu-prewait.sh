@@ -30,14 +30,5 @@ for rep in 1 2; do
     done
   done
 done
-python3 - "$out" <<'PY'
-import glob, json, os, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "pw-*.json"))):
-    try:
-        j = json.load(open(f)); l = j["latency_us"]
-    except Exception:
-        print(os.path.basename(f), "unreadable"); continue
-    print(f'{os.path.basename(f)[3:-5]:26s} disp {l["dispatch"]["median"]:7.1f} p99 {l["dispatch"]["p99"]:7.1f}  '
-          f'comb {l["combine"]["median"]:7.1f} p99 {l["combine"]["p99"]:7.1f}  {j["verdict"]}')
-PY
+python3 scripts/bench_table.py "$out" pw-
 (cd "$out" && tar czf prewait.tgz --remove-files pw-*.json *.log bench.err 2>/dev/null || true)

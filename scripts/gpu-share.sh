@@ -38,18 +38,7 @@ b p13-zc-t1 13 p2p -t 1 --no-dense --zero-copy
 b p13-copywhole-t128 13 p2p -t 128 --no-dense --whole
 b p13-zcwhole-t128 13 p2p -t 128 --no-dense --whole --zero-copy
 echo "== grids"; grep -h "blocks per kernel" "$out"/sh-p12-copy-t128-1.err "$out"/sh-p13-copy-t128-1.err
-python3 - "$out" <<'PY'
-import glob, json, os, sys
-print("== EP8 one H200 (median / p99 us; dense = nvshmem's padded all-to-all)")
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "sh-*.json"))):
-    try:
-        j = json.load(open(f)); l = j["latency_us"]
-    except Exception:
-        print(os.path.basename(f), "unreadable/failed"); continue
-    d = j.get("dense_alltoall", {}).get("median_us", 0)
-    print(f'{os.path.basename(f)[3:-5]:22s} disp {l["dispatch"]["median"]:7.1f} p99 {l["dispatch"]["p99"]:7.1f}  '
-          f'comb {l["combine"]["median"]:7.1f} p99 {l["combine"]["p99"]:7.1f}  dense {d:7.1f} {j["verdict"]}')
-PY
+python3 scripts/bench_table.py "$out" sh- "== EP8 one H200 (median / p99 us; dense = nvshmem's padded all-to-all)"
 MB_PEERS=1 MB_BLOCKS=10 MB_SKIP_ONE=1 MB_PROCS=8 timeout 240 bash scripts/gpu-membench.sh 2>&1 | tail -9
 (cd "$out" && tar czf share.tgz --remove-files sh-*.json sh-*.err *.log membench.* 2>/dev/null || true)
 echo "total: $(( $(date +%s) - t0 )) s"

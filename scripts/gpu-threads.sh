@@ -22,15 +22,5 @@ for rep in 1 2; do
   done
 done
 grep -h "blocks per kernel" "$out"/th-threads-copy-t128-1.err
-python3 - "$out" <<'PY'
-import glob, json, os, sys
-print("== EP8 one H200, p2p: ranks as threads (no MPS) against processes (MPS) (median / p99 us)")
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "th-*.json"))):
-    try:
-        j = json.load(open(f)); l = j["latency_us"]
-    except Exception:
-        print(os.path.basename(f), "unreadable/failed"); continue
-    print(f'{os.path.basename(f)[3:-5]:22s} disp {l["dispatch"]["median"]:7.1f} p99 {l["dispatch"]["p99"]:7.1f}  '
-          f'comb {l["combine"]["median"]:7.1f} p99 {l["combine"]["p99"]:7.1f}  {j["ranks_as"]} {j["verdict"]}')
-PY
+python3 scripts/bench_table.py "$out" th- "== EP8 one H200, p2p: ranks as threads (no MPS) against processes (MPS) (median / p99 us)"
 (cd "$out" && tar czf threads.tgz --remove-files th-*.json th-*.err 2>/dev/null || true)
