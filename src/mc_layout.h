@@ -208,7 +208,10 @@ enum {
   MC_WS_BARRIERS,   /* mc_a2a_barrier calls so far (the value the next one signals, minus 1) */
   MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
   MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
-  MC_WS_NSCALARS = 8
+  MC_WS_PREP_TICKET, /* fused prep + send (mc_gpu_fused.cuh): blocks started; the first preps */
+  MC_WS_PREP_READY,  /* fused: 1 once the prep is published */
+  MC_WS_PREP_SEEN,   /* fused: blocks that saw PREP_READY (the last resets all three) */
+  MC_WS_NSCALARS = 11
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {

@@ -96,6 +96,8 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
   /* MC_GPU_PREWAIT=1 (off by default: shorter tails, longer medians): mc_gpu_prewait.cuh */
   g->prewait = getenv("MC_GPU_PREWAIT") && strcmp(getenv("MC_GPU_PREWAIT"), "1") == 0;
+  /* MC_GPU_FUSE=0: prep and send as two kernels (to measure one against the other; mc_gpu_fused.cuh) */
+  g->fuse = !(getenv("MC_GPU_FUSE") && strcmp(getenv("MC_GPU_FUSE"), "0") == 0);
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));

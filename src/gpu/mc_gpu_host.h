@@ -15,6 +15,7 @@ typedef struct mc_gpu {
   int sms;                 /* SMs this process may use (the MPS share, where there is one) */
   int grid;                /* blocks of the big kernels (MC_THREADS each) */
   int prewait;             /* MC_GPU_PREWAIT=1: mc_k_prewait before each receiving grid (this rank only) */
+  int fuse;                /* prep and send in one launch where they fit (MC_GPU_FUSE=0: two): mc_gpu_fused.cuh */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */

@@ -108,7 +108,7 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
  * counted per block and signalled at the end (mc_block_signal_counts).
  * (A warp per (token, rank) read each token once per rank: dispatch 165 ->
  * 149 us at EP8 on one GPU, equal at EP2; perf-notes 16.) */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
+MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -168,6 +168,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   mc_block_signal_counts(a, count, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
 }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a); }
 
 /* What a receiving half waits for from rank src, written once: the kernels
  * below wait with these, and so does MC_GPU_PREWAIT's one block
@@ -474,5 +475,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
 
 #include "mc_gpu_zc.cuh" /* the same round over registered expert buffers */
 #include "mc_gpu_prewait.cuh" /* MC_GPU_PREWAIT=1: receivers wait in one block first */
+#include "mc_gpu_fused.cuh"   /* prep and send in one launch */
 
 #endif

@@ -28,7 +28,7 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
       (const void *)mc_k_dispatch_send,    (const void *)mc_k_dispatch_recv,     (const void *)mc_k_combine_send,
       (const void *)mc_k_combine_recv,     (const void *)mc_k_barrier,           (const void *)mc_k_prewait,
       (const void *)mc_k_zc_dispatch_send, (const void *)mc_k_zc_dispatch_recv,  (const void *)mc_k_zc_combine_send,
-      (const void *)mc_k_zc_combine_recv};
+      (const void *)mc_k_zc_combine_recv,  (const void *)mc_k_dispatch_fused};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
@@ -54,6 +54,10 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     /* a prep block per chunk of the call's tokens; the fix only where there
      * are several chunks (bound_m may leave some empty: they count zero) */
     const int chunk = mc_prep_chunk(&a2a->shape), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
+    if (g->fuse && !g->staged && !g->pull && mc_fused_fits(&a2a->shape, ka.m)) { /* one launch: mc_gpu_fused.cuh */
+      mc_k_dispatch_fused<<<g->grid, MC_THREADS, mc_fused_smem_bytes(&a2a->shape, ka.zc == MC_ZC_DIRECT), st>>>(ka);
+      break;
+    }
     mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(&a2a->shape), st>>>(ka);
     if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
     if (ka.zc == MC_ZC_DIRECT) { /* registered expert buffers, stored into directly: mc_gpu_zc.cuh */

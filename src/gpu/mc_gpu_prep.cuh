@@ -115,8 +115,10 @@ MC_DEV void mc_zc_send_counts(const mc_kargs_t &a, const uint32_t *count, uint64
  * took 10 us each: 166 us at 4096 tokens, perf-notes 15.)
  * Headers, routes and row counts are written even when a later token turns
  * out bad: nothing reads them before the next accepted round rewrites them,
- * and the refused round leaves round number, metas and stats alone. */
-MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
+ * and the refused round leaves round number, metas and stats alone.
+ * chunks: the prep blocks of the round, one per chunk; 1 in the fused
+ * kernel (mc_gpu_fused.cuh), where whichever block started first preps. */
+MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int chunks) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
@@ -143,7 +145,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
   uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
   uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
   uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
-  const int base = blockIdx.x * mc_prep_chunk(s); /* this block's chunk */
+  const int base = (chunks > 1 ? (int)blockIdx.x : 0) * mc_prep_chunk(s); /* this block's chunk (one: any block) */
   if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
     __syncthreads(); /* the masks (and, first time, the counts) are zero */
@@ -250,7 +252,7 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
     }
   }
   __syncthreads();
-  if (gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return;
+  if (chunks > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return;
   mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
     if (tid == 0) sc[MC_WS_BAD] = 1;
@@ -286,12 +288,15 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K) {
  * ncu, one rank alone, 128 tokens: the kernel is a chain of ~2600
  * dependent instructions per warp at ~16 cycles each, so their count is
  * its time (perf-notes). */
-static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+MC_DEV void mc_dispatch_prep_k(const mc_kargs_t &a, const int chunks) {
   switch (a.s.topk) {
-  case 8: mc_dispatch_prep_body(a, 8); break;
-  case 4: mc_dispatch_prep_body(a, 4); break;
-  default: mc_dispatch_prep_body(a, a.s.topk); break;
+  case 8: mc_dispatch_prep_body(a, 8, chunks); break;
+  case 4: mc_dispatch_prep_body(a, 4, chunks); break;
+  default: mc_dispatch_prep_body(a, a.s.topk, chunks); break;
   }
+}
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+  mc_dispatch_prep_k(a, (int)gridDim.x);
 }
 
 /* ---- dispatch-send, part 1b: where there is more than one chunk, each

@@ -74,7 +74,7 @@ MC_DEV unsigned char *mc_zc_buf(const mc_kargs_t &a, int buf, int rank) {
   return (unsigned char *)a.zc_tab[buf * a.s.world_size + rank];
 }
 
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_dispatch_send(mc_kargs_t a) {
+MC_DEV void mc_zc_dispatch_send_body(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -124,6 +124,9 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_dispatch_send(mc_ka
   }
   mc_block_signal_counts(a, count, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_zc_dispatch_send(mc_kargs_t a) {
+  mc_zc_dispatch_send_body(a);
 }
 
 /* One block: the counts give expert_count and what each rank stored here. */
