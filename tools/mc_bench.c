@@ -51,6 +51,9 @@ static void usage(FILE *f) {
       "      --split           other work between each send and its recv\n"
       "      --whole           GPU: time dispatch and combine each as one span, no CUDA event\n"
       "                        between a send and its recv (events cost GPU time under MPS)\n"
+      "      --floor           GPU: also time mc_a2a_barrier alone, as a round is timed (a mark\n"
+      "                        on each side): what a half that waits on every peer costs here\n"
+      "                        with no bytes moved (CUDA events and launches under MPS)\n"
       "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
       "                        overhead on the host); the warm-up rounds run eagerly\n"
       "      --zero-copy       p2p: register the expert buffers (mc_a2a_register_expert_buffers;\n"
@@ -99,7 +102,7 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC, O_THREADS };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC, O_THREADS, O_FLOOR };
   int threads = 0;
   int nccl = 0;
   int sizes_only = 0;
@@ -115,6 +118,7 @@ int main(int argc, char **argv) {
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE}, {"zero-copy", 0, 0, O_ZC},
+      {"floor", 0, 0, O_FLOOR},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
@@ -141,6 +145,7 @@ int main(int argc, char **argv) {
     case O_SPLIT: o.split = 1; break;
     case O_GRAPH: o.graph_timed = 1; break;
     case O_WHOLE: o.whole = 1; break;
+    case O_FLOOR: o.floor = 1; break;
     case O_ZC: o.zero_copy = 1; break;
     case O_NOCHECK: o.check = 0; break;
     case O_JSON: json = 1; break;
@@ -170,8 +175,8 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  if ((o.graph_timed || o.whole) && o.transport == MC_TRANSPORT_CPU)
-    return fprintf(stderr, "--graph, --whole: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
+  if ((o.graph_timed || o.whole || o.floor) && o.transport == MC_TRANSPORT_CPU)
+    return fprintf(stderr, "--graph, --whole, --floor: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
   if (sizes_only) { /* what the one layout header says a rank allocates */
     printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
            "\"group_size\": %d, \"world_size\": [",
@@ -236,6 +241,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < W * R; i++) dv[i] = res.extra_us[i];
     stats_of(dv, W * R, &nccl_med, &nccl_p99);
   }
+  double floor_med = 0, floor_p99 = 0;
+  if (o.floor) {
+    for (int i = 0; i < W * R; i++) dv[i] = res.floor_us[i];
+    stats_of(dv, W * R, &floor_med, &floor_p99);
+  }
   free(dv);
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
@@ -286,6 +296,7 @@ int main(int argc, char **argv) {
     if (o.extra_baseline)
       printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
              o.dense_bytes * (size_t)W, nccl_med, nccl_p99, res.extra_rc);
+    if (o.floor) printf(" \"floor_barrier\": {\"median_us\": %.2f, \"p99_us\": %.2f},\n", floor_med, floor_p99);
     /* bytes this rank sent per round over the median time of the phase pair */
     printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", disp / med[MC_PH_COUNT] / 1e3,
            comb / med[MC_PH_COUNT + 1] / 1e3);
@@ -321,6 +332,8 @@ int main(int argc, char **argv) {
       else
         printf("  NCCL send/recv baseline: failed (see stderr)\n");
     }
+    if (o.floor)
+      printf("  floor: mc_a2a_barrier alone   %12.1f %12.1f   (no bytes: events and launch)\n", floor_med, floor_p99);
     printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)buffer,
            (double)buffer / 1048576.0);
     if (o.check) printf("  combine error vs exact sum    %.3g of sum|w*y| (tolerance %.3g)\n", max_err, mc_ref_tolerance(&c));

@@ -156,6 +156,10 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * receivers could hold every SM while a sender's kernel waited. */
   const int sms = threads_here > 1 ? (g->sms + threads_here - 1) / threads_here : g->sms;
   g->grid = grid_size(sms, on_mine > 1);
+  /* MC_GPU_ZC_CRECV_BLOCKS: the registered combine-recv's grid alone, whose
+   * tail at 12 blocks (16 SMs) was twice that at 10 (perf-notes 33, 36) */
+  const char *zc_env = getenv("MC_GPU_ZC_CRECV_BLOCKS");
+  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : g->grid;
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
             g->grid, g->sms, on_mine, threads_here);

@@ -14,6 +14,7 @@ typedef struct mc_gpu {
   mc_dev_error_t *err_d;   /* device view */
   int sms;                 /* SMs this process may use (the MPS share, where there is one) */
   int grid;                /* blocks of the big kernels (MC_THREADS each) */
+  int zc_crecv_grid;       /* the same for the registered combine-recv (MC_GPU_ZC_CRECV_BLOCKS overrides) */
   int prewait;             /* MC_GPU_PREWAIT=1: mc_k_prewait before each receiving grid (this rank only) */
   int fuse;                /* prep and send in one launch where they fit (MC_GPU_FUSE=0: two): mc_gpu_fused.cuh */
   int staged;              /* some peer is reached only by puts: stage records first */

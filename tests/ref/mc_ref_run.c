@@ -272,6 +272,20 @@ static void rank_main(run_ctx_t *ctx) {
   }
   if (timed_graph && !me->failed && a2a)
     mc_rr_time_graph(o, rank, a2a, &d, &last_in, last_m, &ctx->oob, samples, ctx->res->rounds, me);
+  for (int i = 0; o->floor && gpu && !me->failed && i < o->warmup + o->rounds; i++) {
+    mc_dev_sync(gpu); /* as before a round: host barrier, then the ranks' streams lined up */
+    if (mc_rr_oob_barrier(&ctx->oob) != 0) {
+      mc_rr_fail(me, 0, "rank %d: barrier failed", rank);
+      goto done;
+    }
+    API(mc_a2a_barrier(a2a, mc_dev_stream()));
+    mc_dev_mark(gpu, 0);
+    API(mc_a2a_barrier(a2a, mc_dev_stream()));
+    mc_dev_mark(gpu, 1);
+    mc_dev_sync(gpu);
+    if (i >= o->warmup) ctx->res->floor_us[(size_t)rank * ctx->res->rounds + (size_t)(i - o->warmup)] =
+        (float)mc_dev_elapsed_us(gpu, 0, 1);
+  }
   if (o->dense_bytes && !me->failed) {
     mc_dev_sync(gpu);
     mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
@@ -375,7 +389,7 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   res->rounds = o->rounds > 0 ? o->rounds : 1;
   size_t rank_bytes = sizeof(mc_run_rank_t) * (size_t)c->world_size;
   size_t sample_bytes = sizeof(double) * (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                        2 * sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
+                        3 * sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
   /* Shared anonymous memory, so forked ranks can report back. */
   void *p = mmap(NULL, rank_bytes + sample_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return -1;
@@ -383,6 +397,7 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   res->samples_us = (double *)((char *)p + rank_bytes);
   res->dense_us = (float *)(res->samples_us + (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds);
   res->extra_us = res->dense_us + (size_t)c->world_size * (size_t)res->rounds;
+  res->floor_us = res->extra_us + (size_t)c->world_size * (size_t)res->rounds;
   int rc = o->processes ? run_processes(c, o, res) : run_threads(c, o, res);
   if (rc != 0) return -1;
   int failed = 0;
@@ -395,7 +410,7 @@ void mc_run_free(mc_run_result_t *res) {
   if (!res->ranks) return;
   size_t bytes = sizeof(mc_run_rank_t) * (size_t)res->world_size +
                  sizeof(double) * (size_t)res->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                 2 * sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
+                 3 * sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
   munmap(res->ranks, bytes);
   res->ranks = NULL;
 }

@@ -42,9 +42,12 @@ typedef struct mc_run_opts {
                          (peers write it from this rank's combine on); 2: unregister and register again
                          every `handles` rounds, so that each handle runs both paths in turn. With group_size > 1 the harness checks that
                          registration is refused, then runs the copying path */
+  int floor;          /* GPU timing: after the rounds, `rounds` timings of mc_a2a_barrier alone, a mark on
+                         each side, after the same host and device alignment as a round: what a half that
+                         waits on every peer costs here with no bytes and no work (floor_us) */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
@@ -66,6 +69,7 @@ typedef struct mc_run_result {
   int dense_rc;           /* mc_result_t of the dense baseline on rank 0 */
   float *extra_us;        /* [world_size][rounds] when opts.extra_baseline is set */
   int extra_rc;           /* what extra_baseline returned on rank 0 */
+  float *floor_us;        /* [world_size][rounds] when opts.floor is set */
 } mc_run_result_t;
 
 /* Returns the number of ranks that failed (0: all good), or -1 if the run
