@@ -10,7 +10,10 @@
  * the peers' expert_x and the registered combine reads their expert_y.
  * The processes meet at a file barrier, then each times I launches in a row
  * with CUDA events and prints one JSON line: perf-notes 25 reads the sum
- * over processes as the GPU's rate, since they run at the same time.
+ * over processes as the GPU's rate, since they run at the same time. The
+ * line also lists the SMs (%smid) the process's blocks ran on, so that what
+ * MPS's share means (a count of SMs, or a fixed set, shared or not between
+ * processes) can be read off: perf-notes 37.
  *
  *   mc-membench --procs N --rank r --dir D [--rows M] [--row-bytes B]
  *               [--regions R] [--stride S] [--gather] [--peers] [--iters I] [--blocks G]
@@ -40,8 +43,13 @@
  * region, so processes do not write the same rows) */
 static __global__ void __launch_bounds__(512) rows_copy(const unsigned char *lin, unsigned char *const *spr, int procs,
                                                         int64_t first, int rows, int64_t row_bytes, int regions,
-                                                        int64_t stride, int gather) {
+                                                        int64_t stride, int gather, unsigned int *sms) {
   const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) { /* which SMs this process's blocks ran on (MPS: a count of SMs, or a set?) */
+    unsigned int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    atomicOr(&sms[(id >> 5) & 7], 1u << (id & 31));
+  }
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const int64_t cnt = row_bytes / 16;
   for (int r = gw; r < rows; r += nw) {
@@ -172,17 +180,22 @@ int main(int argc, char **argv) {
   CHECK(cudaMalloc(&tab, sizeof *tab * (size_t)P));
   CHECK(cudaMemcpy(tab, tab_h, sizeof *tab * (size_t)P, cudaMemcpyHostToDevice));
   const int64_t first = P > 1 ? (int64_t)rank * share : 0;
+  unsigned int *sms;
+  CHECK(cudaMalloc(&sms, 8 * sizeof *sms));
+  CHECK(cudaMemset(sms, 0, 8 * sizeof *sms));
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 50; i++) rows_copy<<<blocks, 512, 0, st>>>(lin, tab, P, first, rows, row_bytes, regions, stride, gather);
+  for (int i = 0; i < 50; i++) rows_copy<<<blocks, 512, 0, st>>>(lin, tab, P, first, rows, row_bytes, regions, stride, gather, sms);
   CHECK(cudaStreamSynchronize(st));
+  CHECK(cudaMemset(sms, 0, 8 * sizeof *sms)); /* the timed launches' SMs only: all processes run then */
   file_barrier(dir, procs, rank, "go");
   const double t0 = host_ns();
   CHECK(cudaEventRecord(e0, st));
-  for (int i = 0; i < iters; i++) rows_copy<<<blocks, 512, 0, st>>>(lin, tab, P, first, rows, row_bytes, regions, stride, gather);
+  for (int i = 0; i < iters; i++)
+    rows_copy<<<blocks, 512, 0, st>>>(lin, tab, P, first, rows, row_bytes, regions, stride, gather, sms);
   CHECK(cudaEventRecord(e1, st));
   CHECK(cudaStreamSynchronize(st));
   const double t1 = host_ns();
@@ -194,11 +207,24 @@ int main(int argc, char **argv) {
       if (p != rank) CHECK(cudaIpcCloseMemHandle(tab_h[p]));
     file_barrier(dir, procs, rank, "done");
   }
+  unsigned int mask[8];
+  CHECK(cudaMemcpy(mask, sms, sizeof mask, cudaMemcpyDeviceToHost));
+  char list[1024] = "";
+  int nsm = 0;
+  for (int i = 0; i < 256; i++) { /* as ranges: "0-15,32-47" */
+    if (!(mask[i >> 5] >> (i & 31) & 1u)) continue;
+    int j = i;
+    while (j + 1 < 256 && (mask[(j + 1) >> 5] >> ((j + 1) & 31) & 1u)) j++;
+    size_t n = strlen(list);
+    snprintf(list + n, sizeof list - n, n ? ",%d-%d" : "%d-%d", i, j);
+    nsm += j - i + 1;
+    i = j;
+  }
   const double us = 1e3 * ms / iters, bytes = 2.0 * rows * (double)row_bytes; /* read + written */
   printf("{\"rank\": %d, \"procs\": %d, \"rows\": %d, \"row_bytes\": %lld, \"regions\": %d, \"stride\": %lld, "
          "\"gather\": %d, \"peers\": %d, \"blocks\": %d, \"iters\": %d, \"us_per_iter\": %.3f, \"gbps\": %.1f, "
-         "\"t0_ns\": %.0f, \"t1_ns\": %.0f}\n",
+         "\"t0_ns\": %.0f, \"t1_ns\": %.0f, \"sms_used\": %d, \"sm_ids\": \"%s\"}\n",
          rank, procs, rows, (long long)row_bytes, regions, (long long)stride, gather, peers, blocks, iters, us,
-         bytes / us / 1e3, t0, t1);
+         bytes / us / 1e3, t0, t1, nsm, list);
   return 0;
 }
