@@ -19,7 +19,10 @@ int mc_gpu_present(void) {
  * itself; 7 per 10 SMs when other ranks share the GPU, whose kernels need
  * room beside this rank's receivers spinning on their signals. Under MPS
  * (CUDA 13, H200) the SM count the device reports is already the client's
- * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12, 16 at 12.5. Measured
+ * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12, 16 at 12.5. But
+ * the share is not a private set: at 12.5% every client's blocks ran on SMs
+ * 0-15, so 8 ranks share those 16 SMs (perf-notes 37); room beside the
+ * spinning receivers is then room on the same SMs. Measured
  * at EP8 on one H200, 128 tokens, 14 SMs (perf-notes 25): 6 blocks (the
  * formula before, which took the share twice) 142 / 207 us, 10 blocks
  * 116 / 168 us, 14 blocks 117 / 153 us with a dispatch p99 of 400-520 us, a
@@ -156,10 +159,14 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * receivers could hold every SM while a sender's kernel waited. */
   const int sms = threads_here > 1 ? (g->sms + threads_here - 1) / threads_here : g->sms;
   g->grid = grid_size(sms, on_mine > 1);
-  /* MC_GPU_ZC_CRECV_BLOCKS: the registered combine-recv's grid alone, whose
-   * tail at 12 blocks (16 SMs) was twice that at 10 (perf-notes 33, 36) */
+  /* The registered combine-recv's grid: 5 in 6 of the others' where ranks
+   * share the GPU (10 at 12). Its 2 x grid blocks spin until every rank's
+   * combine-send has run, and where ranks share a GPU those spinning blocks
+   * keep a late rank's one-block combine-send off the SMs: at EP8 on one
+   * H200 the round's combine p99 was 813-839 us at 12, 417-475 at 10
+   * (perf-notes 38). MC_GPU_ZC_CRECV_BLOCKS overrides. */
   const char *zc_env = getenv("MC_GPU_ZC_CRECV_BLOCKS");
-  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : g->grid;
+  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : on_mine > 1 ? (5 * g->grid + 5) / 6 : g->grid;
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
             g->grid, g->sms, on_mine, threads_here);
