@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# gpu-prewait-zc.sh - MC_GPU_PREWAIT=1 again, now that dispatch is fused
-# (perf-notes 36, 40): the registered round at 128 tokens, EP8 on one H200,
-# default against prewait, in halves and --whole, alternating, twice. Builds
-# build-dev first. JSON to $OUT (or ./gpu-out); a table last.
+# gpu-prewait-zc.sh - prewait for the registered round, now that dispatch is
+# fused (perf-notes 36, 40): 128 tokens, EP8 on one H200, in halves and
+# --whole, alternating, twice, the variants of PZ_VARIANTS (name=ENV pairs;
+# "-" for none). Run 8 had "default=- prewait=MC_GPU_PREWAIT=1" (both
+# receivers; the default then had none). PZ_TESTS=1 runs the registered GPU
+# tests first. Builds build-dev first. JSON to $OUT (or ./gpu-out); a table last.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 { cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev --target mc-bench -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
+  cmake --build build-dev -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
 L="scripts/mc-launch.sh 8 --"
 b() { # name env-or-- args...
   local name=$1 e=$2; shift 2
@@ -16,11 +18,17 @@ b() { # name env-or-- args...
   env "$e" timeout 120 $L build-dev/mc-bench --transport p2p --zero-copy --json -r 200 -w 20 --no-dense -t 128 "$@" \
     > "$out/pz-$name.json" 2> "$out/pz-$name.err" || echo "{\"failed\": \"$name\"}" > "$out/pz-$name.json"
 }
+if [ -n "${PZ_TESTS:-}" ]; then
+  for x in gpu_zero_copy gpu_ep_sizes gpu_stall gpu_graph; do
+    if MC_TEST_TRANSPORT=p2p MC_TEST_ZC=1 timeout 150 $L build-dev/mc_tests $x > "$out/test-$x.log" 2>&1
+    then echo "PASS $x (registered)"; else echo "FAIL $x (registered)"; tail -6 "$out/test-$x.log"; fi
+  done
+fi
 for rep in 1 2; do
-  b "default-$rep" -
-  b "prewait-$rep" MC_GPU_PREWAIT=1
-  b "default-whole-$rep" - --whole
-  b "prewait-whole-$rep" MC_GPU_PREWAIT=1 --whole
+  for v in ${PZ_VARIANTS:-default=- prewait=MC_GPU_PREWAIT=1}; do
+    b "${v%%=*}-$rep" "${v#*=}"
+    b "${v%%=*}-whole-$rep" "${v#*=}" --whole
+  done
 done
 python3 scripts/bench_table.py "$out" pz- "== registered round, 128 tokens, EP8 one H200 (median / p99 us)"
-(cd "$out" && tar czf prewait-zc.tgz --remove-files pz-*.json pz-*.err build.log 2>/dev/null || true)
+(cd "$out" && tar czf prewait-zc.tgz --remove-files pz-*.json pz-*.err test-*.log build.log 2>/dev/null || true)

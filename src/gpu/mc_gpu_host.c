@@ -97,8 +97,13 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_PREWAIT=1 (off by default: shorter tails, longer medians): mc_gpu_prewait.cuh */
-  g->prewait = getenv("MC_GPU_PREWAIT") && strcmp(getenv("MC_GPU_PREWAIT"), "1") == 0;
+  /* MC_GPU_PREWAIT: 1 both receiving grids, crecv combine-recv only, 0
+   * none; unset: mc_gpu_decide_scope picks (mc_gpu_prewait.cuh) */
+  const char *pw = getenv("MC_GPU_PREWAIT");
+  g->prewait = !pw                         ? MC_PREWAIT_UNSET
+               : strcmp(pw, "1") == 0      ? MC_PREWAIT_DRECV | MC_PREWAIT_CRECV
+               : strcmp(pw, "crecv") == 0  ? MC_PREWAIT_CRECV
+                                           : 0;
   /* MC_GPU_FUSE=0: prep and send as two kernels (to measure one against the other; mc_gpu_fused.cuh) */
   g->fuse = !(getenv("MC_GPU_FUSE") && strcmp(getenv("MC_GPU_FUSE"), "0") == 0);
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
@@ -165,6 +170,13 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * keep a late rank's one-block combine-send off the SMs: at EP8 on one
    * H200 the round's combine p99 was 813-839 us at 12, 417-475 at 10
    * (perf-notes 38). MC_GPU_ZC_CRECV_BLOCKS overrides. */
+  /* Where ranks share a GPU the registered combine-recv waits in one block
+   * before its grid starts: with dispatch fused the ranks reach combine
+   * spread out, and the early ranks' spinning grids kept a late rank's
+   * combine-send off the SMs. At EP8 on one H200, 128 tokens, timed in
+   * halves: p99 154-155 us against 348-436 at the same median (perf-notes
+   * 40). One rank per GPU: no prewait. */
+  if (g->prewait == MC_PREWAIT_UNSET) g->prewait = on_mine > 1 ? MC_PREWAIT_ZC_CRECV : 0;
   const char *zc_env = getenv("MC_GPU_ZC_CRECV_BLOCKS");
   g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : on_mine > 1 ? (5 * g->grid + 5) / 6 : g->grid;
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)

@@ -73,7 +73,7 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
       mc_k_zc_dispatch_recv<<<1, MC_THREADS, 0, st>>>(ka);
       break;
     }
-    if (g->prewait) mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_DRECV); /* mc_gpu_prewait.cuh */
+    if (g->prewait & MC_PREWAIT_DRECV) mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_DRECV); /* mc_gpu_prewait.cuh */
     mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_CSEND:
@@ -81,7 +81,8 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(&a2a->shape), st>>>(ka);
     break;
   case MC_PHASE_CRECV:
-    if (g->prewait) mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_CRECV);
+    if ((g->prewait & MC_PREWAIT_CRECV) || ((g->prewait & MC_PREWAIT_ZC_CRECV) && ka.zc))
+      mc_k_prewait<<<1, MC_THREADS, 0, st>>>(ka, MC_PHASE_CRECV);
     if (ka.zc) mc_k_zc_combine_recv<<<2 * g->zc_crecv_grid, MC_CSEND_THREADS, mc_zc_crecv_smem_bytes(&a2a->shape), st>>>(ka);
     else mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka);
     break;
