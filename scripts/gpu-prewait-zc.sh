@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # gpu-prewait-zc.sh - prewait for the registered round, now that dispatch is
-# fused (perf-notes 36, 40): 128 tokens, EP8 on one H200, in halves and
+# fused (perf-notes 36, 39): 128 tokens, EP8 on one H200, in halves and
 # --whole, alternating, twice, the variants of PZ_VARIANTS (name=ENV pairs;
 # "-" for none). Run 8 had "default=- prewait=MC_GPU_PREWAIT=1" (both
 # receivers; the default then had none). PZ_TESTS=1 runs the registered GPU
-# tests first. Builds build-dev first. JSON to $OUT (or ./gpu-out); a table last.
+# tests first; PZ_TOKENS tokens a rank (128), PZ_REPS samples (2). Builds build-dev first. JSON to $OUT (or ./gpu-out); a table last.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 { cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
+  cmake --build build-dev --target ${PZ_TESTS:+mc_tests} mc-bench -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
 L="scripts/mc-launch.sh 8 --"
 b() { # name env-or-- args...
   local name=$1 e=$2; shift 2
   [ "$e" = - ] && e=MC_NONE=1
-  env "$e" timeout 120 $L build-dev/mc-bench --transport p2p --zero-copy --json -r 200 -w 20 --no-dense -t 128 "$@" \
+  env "$e" timeout 120 $L build-dev/mc-bench --transport p2p --zero-copy --json -r 200 -w 20 --no-dense -t "${PZ_TOKENS:-128}" "$@" \
     > "$out/pz-$name.json" 2> "$out/pz-$name.err" || echo "{\"failed\": \"$name\"}" > "$out/pz-$name.json"
 }
 if [ -n "${PZ_TESTS:-}" ]; then
@@ -24,7 +24,7 @@ if [ -n "${PZ_TESTS:-}" ]; then
     then echo "PASS $x (registered)"; else echo "FAIL $x (registered)"; tail -6 "$out/test-$x.log"; fi
   done
 fi
-for rep in 1 2; do
+for rep in $(seq 1 "${PZ_REPS:-2}"); do
   for v in ${PZ_VARIANTS:-default=- prewait=MC_GPU_PREWAIT=1}; do
     b "${v%%=*}-$rep" "${v#*=}"
     b "${v%%=*}-whole-$rep" "${v#*=}" --whole

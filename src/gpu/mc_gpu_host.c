@@ -164,21 +164,20 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * receivers could hold every SM while a sender's kernel waited. */
   const int sms = threads_here > 1 ? (g->sms + threads_here - 1) / threads_here : g->sms;
   g->grid = grid_size(sms, on_mine > 1);
-  /* The registered combine-recv's grid: 5 in 6 of the others' where ranks
-   * share the GPU (10 at 12). Its 2 x grid blocks spin until every rank's
-   * combine-send has run, and where ranks share a GPU those spinning blocks
-   * keep a late rank's one-block combine-send off the SMs: at EP8 on one
-   * H200 the round's combine p99 was 813-839 us at 12, 417-475 at 10
-   * (perf-notes 38). MC_GPU_ZC_CRECV_BLOCKS overrides. */
   /* Where ranks share a GPU the registered combine-recv waits in one block
    * before its grid starts: with dispatch fused the ranks reach combine
    * spread out, and the early ranks' spinning grids kept a late rank's
-   * combine-send off the SMs. At EP8 on one H200, 128 tokens, timed in
-   * halves: p99 154-155 us against 348-436 at the same median (perf-notes
-   * 40). One rank per GPU: no prewait. */
+   * one-block combine-send off the SMs. At EP8 on one H200, 128 tokens:
+   * 127-128 us (p99 155-161) timed in halves against 153-156 (p99 438-716)
+   * without, 108 us (p99 136-140) timed whole against 113 (p99 288-333):
+   * perf-notes 39. One rank per GPU: no prewait. */
   if (g->prewait == MC_PREWAIT_UNSET) g->prewait = on_mine > 1 ? MC_PREWAIT_ZC_CRECV : 0;
+  /* MC_GPU_ZC_CRECV_BLOCKS: the registered combine-recv's grid alone
+   * (default: the others'). Without prewait 10 blocks instead of 12 halved
+   * its p99 at EP8 on one H200 (perf-notes 38); with prewait 12 is 8-9 us
+   * faster at the same tail (perf-notes 39). */
   const char *zc_env = getenv("MC_GPU_ZC_CRECV_BLOCKS");
-  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : on_mine > 1 ? (5 * g->grid + 5) / 6 : g->grid;
+  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : g->grid;
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
             g->grid, g->sms, on_mine, threads_here);

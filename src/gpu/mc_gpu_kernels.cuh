@@ -474,7 +474,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
 }
 
 #include "mc_gpu_zc.cuh" /* the same round over registered expert buffers */
-#include "mc_gpu_prewait.cuh" /* MC_GPU_PREWAIT=1: receivers wait in one block first */
+#include "mc_gpu_prewait.cuh" /* receivers that wait in one block first */
 #include "mc_gpu_fused.cuh"   /* prep and send in one launch */
 
 #endif

@@ -1,6 +1,8 @@
-/* mc_gpu_prewait.cuh - MC_GPU_PREWAIT=1 (off by default: at EP8 on one
- * H200 it cut the registered combine's p99 from ~580 to ~150 us and added
- * 10-35 us to every median, perf-notes 30): one block
+/* mc_gpu_prewait.cuh - before a receiving grid (which ones: g->prewait,
+ * mc_gpu_host.h; by default the registered combine-recv where ranks share
+ * a GPU, perf-notes 39; MC_GPU_PREWAIT=1 both receivers, which at EP8 on one
+ * H200 cut the registered combine's p99 from ~580 to ~150 us and added
+ * 10-35 us to every median before dispatch was fused, perf-notes 30): one block
  * waits for everything a receiving kernel would wait for at its start, and
  * only then is the receiving kernel's grid launched, so that grid never
  * spins. Why: at EP8 on one GPU a larger grid moves the bytes faster but
