@@ -13,9 +13,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 { date -u; nvidia-smi -L; } > "$out/machine.txt" 2>&1
-{ cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+OUT="$out" scripts/gpu-build.sh || exit 1
 L="scripts/mc-launch.sh 8 --"
 for x in gpu_zero_copy gpu_ep_sizes; do
   if MC_TEST_TRANSPORT=p2p MC_GPU_ZC_CRECV_BLOCKS=10 timeout 150 $L build-dev/mc_tests $x > "$out/test-$x.log" 2>&1

@@ -12,9 +12,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 { date -u; nvidia-smi -L; } > "$out/machine.txt" 2>&1
-{ cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+OUT="$out" scripts/gpu-build.sh || exit 1
 L="scripts/mc-launch.sh 8 --"
 fails=0
 t() { # label launcher-ranks env... -- test

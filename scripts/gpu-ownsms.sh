@@ -14,9 +14,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 { date -u; nvidia-smi -L; nvidia-cuda-mps-control -v; } > "$out/machine.txt" 2>&1
-{ cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+OUT="$out" scripts/gpu-build.sh || exit 1
 for b in 16 12; do
   echo "== SMs at 100%, $b blocks a process"
   MC_MPS_PERCENT=100 MB_BLOCKS=$b SP_PROCS=8 OUT="$out/probe-b$b" bash scripts/gpu-smprobe.sh 2>&1 | tail -10

@@ -9,8 +9,7 @@ set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-{ cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev --target ${PZ_TESTS:+mc_tests} mc-bench -j"$(nproc)"; } > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
+OUT="$out" scripts/gpu-build.sh ${PZ_TESTS:+mc_tests} mc-bench || exit 1
 L="scripts/mc-launch.sh 8 --"
 b() { # name env-or-- args...
   local name=$1 e=$2; shift 2

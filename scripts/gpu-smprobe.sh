@@ -9,9 +9,7 @@ set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-{ cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-  cmake --build build-dev --target mc-membench -j"$(nproc)"; } > "$out/smprobe-build.log" 2>&1 ||
-  { tail -20 "$out/smprobe-build.log"; echo "BUILD FAILED"; exit 1; }
+OUT="$out" scripts/gpu-build.sh mc-membench || exit 1
 probe() { # procs
   local dir; dir=$(mktemp -d)
   for r in $(seq 0 $(($1 - 1))); do
