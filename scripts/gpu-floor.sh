@@ -7,14 +7,7 @@
 # (MC_GPU_ZC_CRECV_BLOCKS=10) against the default 12, alternating, three
 # times; the whole calls (--whole) at 1 and 128 tokens. JSON and logs to $OUT
 # (or ./gpu-out); a table last.
-set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
-t0=$(date +%s)
-{ date -u; nvidia-smi -L; } > "$out/machine.txt" 2>&1
-OUT="$out" scripts/gpu-build.sh || exit 1
-L="scripts/mc-launch.sh 8 --"
+. "$(dirname "$0")/gpu-prelude.sh"
 for x in gpu_zero_copy gpu_ep_sizes; do
   if MC_TEST_TRANSPORT=p2p MC_GPU_ZC_CRECV_BLOCKS=10 timeout 150 $L build-dev/mc_tests $x > "$out/test-$x.log" 2>&1
   then echo "PASS $x (MC_GPU_ZC_CRECV_BLOCKS=10)"; else echo "FAIL $x"; tail -6 "$out/test-$x.log"; fi

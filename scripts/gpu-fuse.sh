@@ -6,14 +6,7 @@
 # copying and registered and nvshmem, the two settings alternating, twice;
 # then a kernel timeline of each at 1 token. JSON, logs and timelines to
 # $OUT (or ./gpu-out); a table last.
-set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
-t0=$(date +%s)
-{ date -u; nvidia-smi -L; } > "$out/machine.txt" 2>&1
-OUT="$out" scripts/gpu-build.sh || exit 1
-L="scripts/mc-launch.sh 8 --"
+. "$(dirname "$0")/gpu-prelude.sh"
 fails=0
 t() { # label launcher-ranks env... -- test
   local label=$1 n=$2; shift 2

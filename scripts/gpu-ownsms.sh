@@ -8,13 +8,7 @@
 # ("std") and at "own", alternating, twice: p2p copying at 1 and 128 tokens,
 # registered and nvshmem at 128. JSON and logs to $OUT (or ./gpu-out); a
 # table last.
-set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
-t0=$(date +%s)
-{ date -u; nvidia-smi -L; nvidia-cuda-mps-control -v; } > "$out/machine.txt" 2>&1
-OUT="$out" scripts/gpu-build.sh || exit 1
+. "$(dirname "$0")/gpu-prelude.sh"
 for b in 16 12; do
   echo "== SMs at 100%, $b blocks a process"
   MC_MPS_PERCENT=100 MB_BLOCKS=$b SP_PROCS=8 OUT="$out/probe-b$b" bash scripts/gpu-smprobe.sh 2>&1 | tail -10

@@ -5,12 +5,7 @@
 # "-" for none). Run 8 had "default=- prewait=MC_GPU_PREWAIT=1" (both
 # receivers; the default then had none). PZ_TESTS=1 runs the registered GPU
 # tests first; PZ_TOKENS tokens a rank (128), PZ_REPS samples (2). Builds build-dev first. JSON to $OUT (or ./gpu-out); a table last.
-set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
-OUT="$out" scripts/gpu-build.sh ${PZ_TESTS:+mc_tests} mc-bench || exit 1
-L="scripts/mc-launch.sh 8 --"
+BUILD_TARGETS="mc-bench ${PZ_TESTS:+mc_tests}" . "$(dirname "$0")/gpu-prelude.sh"
 b() { # name env-or-- args...
   local name=$1 e=$2; shift 2
   [ "$e" = - ] && e=MC_NONE=1

@@ -5,11 +5,7 @@
 # its blocks ran on during the timed launches; then one process alone.
 # MB_BLOCKS: blocks per process (default: the library's grid). JSON lines to
 # $OUT (or ./gpu-out)/smprobe-N.jsonl; a table last.
-set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
-OUT="$out" scripts/gpu-build.sh mc-membench || exit 1
+BUILD_TARGETS="mc-membench" . "$(dirname "$0")/gpu-prelude.sh"
 probe() { # procs
   local dir; dir=$(mktemp -d)
   for r in $(seq 0 $(($1 - 1))); do
