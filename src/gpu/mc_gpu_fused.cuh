@@ -63,9 +63,12 @@ MC_DEV int mc_fused_await(const mc_kargs_t &a) {
     while (mc_ld_volatile_u32(&sc[MC_WS_PREP_READY]) == 0) {
       __nanosleep(64);
       /* not mc_dev_failed: a refused round records its failure in the
-       * prep and still publishes; a waiter that left early would leave the
-       * flags set for the next round. The prep waits on nothing, so this
-       * deadline is only a guard. peer = this rank: its own prep. */
+       * prep and still publishes, and the handle lives on, so a waiter
+       * must not leave early (it would leave the flags set for the next
+       * round). The prep waits on nothing, so this deadline is only a
+       * guard; a timeout ends the handle (MC_ERR_TIMEOUT is sticky), and
+       * the flags it leaves set are never read again. peer = this rank:
+       * its own prep. */
       if (mc_globaltimer_ns() > deadline) {
         mc_dev_fail(a.err, MC_DEVERR_TIMEOUT, MC_PHASE_DSEND, a.rank, a.rank, -1, -1, -1, 0, 1, 0, 0);
         fail = 1;

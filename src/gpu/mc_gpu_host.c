@@ -97,8 +97,9 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_PREWAIT: 1 both receiving grids, crecv combine-recv only, 0
-   * none; unset: mc_gpu_decide_scope picks (mc_gpu_prewait.cuh) */
+  /* MC_GPU_PREWAIT: 1 both receiving grids, crecv combine-recv only, 0 (or
+   * any other value) none; unset: mc_gpu_decide_scope picks
+   * (mc_gpu_prewait.cuh) */
   const char *pw = getenv("MC_GPU_PREWAIT");
   g->prewait = !pw                         ? MC_PREWAIT_UNSET
                : strcmp(pw, "1") == 0      ? MC_PREWAIT_DRECV | MC_PREWAIT_CRECV
