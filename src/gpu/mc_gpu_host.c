@@ -97,14 +97,6 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_PREWAIT: 1 both receiving grids, crecv combine-recv only, 0 (or
-   * any other value) none; unset: mc_gpu_decide_scope picks
-   * (mc_gpu_prewait.cuh) */
-  const char *pw = getenv("MC_GPU_PREWAIT");
-  g->prewait = !pw                         ? MC_PREWAIT_UNSET
-               : strcmp(pw, "1") == 0      ? MC_PREWAIT_DRECV | MC_PREWAIT_CRECV
-               : strcmp(pw, "crecv") == 0  ? MC_PREWAIT_CRECV
-                                           : 0;
   /* MC_GPU_FUSE=0: prep and send as two kernels (to measure one against the other; mc_gpu_fused.cuh) */
   g->fuse = !(getenv("MC_GPU_FUSE") && strcmp(getenv("MC_GPU_FUSE"), "0") == 0);
   /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
@@ -172,7 +164,13 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * 127-128 us (p99 155-161) timed in halves against 153-156 (p99 438-716)
    * without, 108 us (p99 136-140) timed whole against 113 (p99 288-333):
    * perf-notes 39. One rank per GPU: no prewait. */
-  if (g->prewait == MC_PREWAIT_UNSET) g->prewait = on_mine > 1 ? MC_PREWAIT_ZC_CRECV : 0;
+  /* MC_GPU_PREWAIT overrides: 1 both receiving grids, crecv every
+   * combine-recv, 0 (or any other value) none */
+  const char *pw = getenv("MC_GPU_PREWAIT");
+  g->prewait = !pw                        ? (on_mine > 1 ? MC_PREWAIT_ZC_CRECV : 0)
+               : strcmp(pw, "1") == 0     ? MC_PREWAIT_DRECV | MC_PREWAIT_CRECV
+               : strcmp(pw, "crecv") == 0 ? MC_PREWAIT_CRECV
+                                          : 0;
   /* MC_GPU_ZC_CRECV_BLOCKS: the registered combine-recv's grid alone
    * (default: the others'). Without prewait 10 blocks instead of 12 halved
    * its p99 at EP8 on one H200 (perf-notes 38); with prewait 12 is 8-9 us

@@ -11,8 +11,7 @@
 enum {
   MC_PREWAIT_DRECV = 1,    /* dispatch-recv */
   MC_PREWAIT_CRECV = 2,    /* combine-recv, copying or registered */
-  MC_PREWAIT_ZC_CRECV = 4, /* the registered combine-recv only (the default where ranks share a GPU) */
-  MC_PREWAIT_UNSET = -1    /* MC_GPU_PREWAIT unset: mc_gpu_decide_scope picks */
+  MC_PREWAIT_ZC_CRECV = 4  /* the registered combine-recv only (the default where ranks share a GPU) */
 };
 
 typedef struct mc_gpu {
@@ -23,7 +22,8 @@ typedef struct mc_gpu {
   int sms;                 /* SMs this process may use (the MPS share, where there is one) */
   int grid;                /* blocks of the big kernels (MC_THREADS each) */
   int zc_crecv_grid;       /* the same for the registered combine-recv (MC_GPU_ZC_CRECV_BLOCKS overrides) */
-  int prewait;             /* MC_PREWAIT_* bits: which receiving grids mc_k_prewait goes before (this rank only) */
+  int prewait;             /* MC_PREWAIT_* bits: which receiving grids mc_k_prewait goes before (this rank
+                              only; set by mc_gpu_decide_scope) */
   int fuse;                /* prep and send in one launch where they fit (MC_GPU_FUSE=0: two): mc_gpu_fused.cuh */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
