@@ -273,11 +273,12 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  * Slots past expert_count are not written.
  *
  * When both halves are separate calls, pass the same pointers to both (each
- * half checks only what it uses). The send half never waits for a peer
- * (except with registered buffers and direct dispatch, below: then it waits
- * for the lower ranks' counts, which their send halves send first);
- * the recv half waits only for the tokens it needs. stream: a cudaStream_t
- * for GPU transports, ignored by cpu.
+ * half checks only what it uses). The send half never waits for a peer; the
+ * recv half waits only for the tokens it needs. Both halves in one call
+ * (MC_SEND_RECV) are the fastest way when nothing is to run between them: on
+ * a GPU transport, where this rank has its GPU to itself, they run as one
+ * cooperative kernel. stream: a cudaStream_t for GPU transports, ignored by
+ * cpu.
  * Returns MC_ERR_INVALID_ARG (bad argument: nothing sent), MC_ERR_INVALID_USAGE
  * (out of order), MC_ERR_TIMEOUT (a peer's tokens did not arrive; the handle is
  * then aborted), MC_ERR_ABORTED (an earlier failure). */
@@ -305,56 +306,6 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
 MC_API mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags,
                               void *stream);
 
-/* Zero-copy: register this rank's expert buffers so that peers reach them.
- * Collective: every rank calls it, between rounds (after a combine's recv
- * half, or before the first dispatch), with its own buffers, laid out as
- * mc_dispatch and mc_combine take them: expert_x and expert_y 16-byte
- * aligned, expert_scale 4-byte aligned and NULL iff scale_bytes == 0.
- * All three NULL unregisters (the copying path again).
- *
- * While registered:
- * - combine's recv half reads the rows it needs from the peers' expert_y
- *   and sums them where the token lives, with exactly the copying path's
- *   order and rounding (the same bits); the send half only says "my
- *   expert_y is ready". No pre-reduced row crosses memory;
- * - dispatch copies through the library's buffers as before, unless every
- *   rank set MC_ZC_DISPATCH=direct in its environment when registering:
- *   then each token is stored straight into its slots in the receivers'
- *   expert_x / expert_scale (no receive copy), after a small exchange of
- *   per-expert counts, and the send half waits for the lower ranks' counts
- *   (each rank's send half must run: none waits for a recv);
- * - every mc_dispatch / mc_combine must pass exactly the registered
- *   pointers (MC_ERR_INVALID_ARG otherwise);
- * - peers read expert_y from this rank's combine send half until its next
- *   dispatch recv half returns, and (direct dispatch) write expert_x and
- *   expert_scale from its combine send half until its next dispatch recv
- *   half returns: do not write them in those spans (an engine's dispatch ->
- *   GEMM -> combine order never does);
- * - with direct dispatch, expert_x holds this round's tokens only until
- *   this rank's combine send half: keep nothing there for later (a
- *   backward pass) without copying it out;
- * - the buffers stay the caller's and must stay allocated at these
- *   addresses until mc_a2a_destroy or the next registration has returned
- *   (both wait until every rank has closed its mappings; after a timeout
- *   destroy cannot, and a live peer may still write into expert_x: keep
- *   the buffers to process exit then, as the library keeps its own);
- * - a CUDA graph captures the mode and the peers' addresses: capture it
- *   again after registering, re-registering or unregistering;
- * - each buffer must lie inside one allocation of at least the size the
- *   shape needs from that address (checked: MC_ERR_CUDA otherwise).
- * Measured (docs/zero-copy.md): where ranks share a GPU it pays from about
- * 128 tokens per rank (combine -26% at 128, -35% at 512, EP8 on one H200)
- * and costs at 1 token; across NVLink it costs, since every expert's row
- * crosses instead of one pre-reduced row per rank. Register only there.
- * Returns MC_ERR_UNSUPPORTED on the cpu and nvshmem transports and with
- * group_size > 1 (nothing changes); MC_ERR_INVALID_ARG for bad pointers;
- * MC_ERR_INVALID_USAGE in the middle of a round; MC_ERR_CUDA when a
- * buffer cannot be exported (memory from cudaMallocAsync pools or the VMM
- * API cannot) or a peer's cannot be mapped (on every rank, naming the
- * rank; the handle is then aborted). It synchronises the device. */
-MC_API mc_result_t mc_a2a_register_expert_buffers(mc_a2a_t *a2a, void *expert_x, void *expert_scale,
-                                                  void *expert_y);
-
 /* Report a failure that a GPU transport's kernels recorded since the last
  * call (a peer that did not arrive: MC_ERR_TIMEOUT; input refused on the
  * device: MC_ERR_INVALID_ARG, and the round is over), without launching or
@@ -369,11 +320,8 @@ typedef struct mc_a2a_stats {
   size_t size;                    /* sizeof(mc_a2a_stats_t): set it before the call */
   uint64_t rounds;                /* completed dispatch+combine rounds */
   uint64_t dispatch_records_sent; /* one per (token, destination rank), this rank, all rounds */
-  uint64_t dispatch_bytes_sent;   /* bytes of those records incl. headers and meta (registered buffers:
-                                     plus the per-expert counts; direct dispatch: payload and scales per
-                                     expert slot instead of the records) */
-  uint64_t combine_rows_sent;     /* one per (token, expert rank, rank of the group); with registered
-                                     expert buffers, the rows a token's rank read: one per (token, expert) */
+  uint64_t dispatch_bytes_sent;   /* bytes of those records incl. headers and meta */
+  uint64_t combine_rows_sent;     /* one per (token, expert rank, rank of the group) */
   uint64_t combine_bytes_sent;
   uint64_t buffer_bytes;          /* receive buffers + signals this rank allocated */
 } mc_a2a_stats_t;

@@ -64,14 +64,6 @@ done
 for tr in nvshmem p2p; do
   NVSHMEM_SYMMETRIC_SIZE=40G bench "$tr" 4096 120 -r 50 -w 5 --check-first 1
 done
-# p2p with dispatch pulling records over NVLink instead of pushing them
-# (MC_GPU_PULL=1, perf-notes 17), against the p2p runs above
-for t in 128 4096; do
-  f="$out/bench-p2p-pull-ep$n-t$t"
-  time_for 60 && { MC_GPU_PULL=1 timeout 60 scripts/mc-launch.sh "$n" -- build-dev/mc-bench \
-    --transport p2p -n "$n" -t "$t" -r 100 -w 10 --check-first 1 --json > "$f.json" 2> "$f.err" ||
-    echo "{\"failed\": $?}" >> "$f.json"; }
-done
 # at most 8 files come back: logs and JSON in one archive each
 (cd "$out" && tar czf logs.tgz --remove-files $(ls *.log *.err 2>/dev/null) 2>/dev/null || true)
 echo "== tests =="

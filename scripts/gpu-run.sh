@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|probe|trace|torch|p2p|pull|sanitize|auto|zc|zctrace] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|pplx|probe|trace|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one call:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -19,6 +19,37 @@ fi
 log "build: $(( $(date +%s) - t0 )) s"
 L="scripts/mc-launch.sh 8 --"
 results=()
+if [ "$mode" = pplx ]; then
+  # moecomm beside pplx-kernels' own benchmark (its prebuilt binary and
+  # run-pplx.sh in $PPLX_DIR, default .baselines: DEVELOPERS.md), interleaved
+  # PPLX_REPS times (default 2): EP2 with one rank per GPU where there are two
+  # GPUs, EP8 on one GPU under MPS (PPLX_EPS picks, default both / 8); the
+  # DeepSeek-V3 layer at 1 and 128 tokens and 64 experts top-6 hidden 2048
+  # at 128, moecomm timed whole and in halves; scripts/vs_pplx.py's table last
+  pp=${PPLX_DIR:-.baselines}
+  [ -x "$pp/pplx_bench" ] || { echo "no $pp/pplx_bench (DEVELOPERS.md: the baselines)"; exit 1; }
+  eps=${PPLX_EPS:-8}; [ -z "${PPLX_EPS:-}" ] && [ "$(scripts/mc-launch.sh --gpus)" -ge 2 ] && eps="2 8"
+  for ep in $eps; do
+    one=; [ "$ep" -gt 2 ] && one=CUDA_VISIBLE_DEVICES=0 # EP8 on one GPU; pplx hangs at 8 ranks over two
+    for rep in $(seq "${PPLX_REPS:-2}"); do
+      env $one timeout 240 scripts/mc-launch.sh "$ep" -- bash "$pp/run-pplx.sh" "$ep" > "$out/pplx-ep$ep-$rep.txt" 2>&1 ||
+        echo "pplx EP$ep rep $rep: exit $?" | tee -a "$out/summary.txt"
+      for shape in dsv3-1 dsv3-128 small-128; do
+        case $shape in
+        dsv3-1) a="-t 1" ;; dsv3-128) a="-t 128" ;; small-128) a="-t 128 -e 64 -k 6 --hidden 2048" ;;
+        esac
+        for timing in whole halves; do
+          w=; [ $timing = whole ] && w=--whole
+          env $one timeout 120 scripts/mc-launch.sh "$ep" -- build-dev/mc-bench --transport p2p -n "$ep" $a $w \
+            -r 300 -w 20 --json > "$out/mc-ep$ep-$shape-$timing-$rep.json" 2> "$out/mc-ep$ep-$shape-$timing-$rep.err" ||
+            echo "mc-bench EP$ep $shape $timing: exit $?" | tee -a "$out/summary.txt"
+        done
+      done
+    done
+  done
+  python3 scripts/vs_pplx.py "$out" | tee "$out/vs-pplx.txt"
+  exit 0
+fi
 if [ "$mode" = probe ]; then
   # where one kernel's time goes (ncu does not run under MPS: one rank alone),
   # then dispatch and combine timed whole (no events between the halves),
@@ -61,30 +92,6 @@ if [ "$mode" = p2p ]; then
   (cd "$out" && tar czf p2p-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
   exit 0
 fi
-if [ "$mode" = pull ]; then
-  # dispatch pulling records from the senders' staging (MC_GPU_PULL=1,
-  # perf-notes 14): the GPU tests over p2p and nvshmem with it, then EP8
-  # with and without it in one run
-  for tp in p2p nvshmem; do
-    for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds; do
-      s=$(date +%s)
-      if MC_GPU_PULL=1 MC_TEST_TRANSPORT=$tp timeout 60 $L build-dev/mc_tests "$t" > "$out/test-pull-$tp-$t.log" 2>&1
-      then r=PASS; else r="FAIL($?)"; tail -8 "$out/test-pull-$tp-$t.log"; fi
-      echo "pull $tp $t $r $(( $(date +%s) - s ))s" | tee -a "$out/summary.txt"
-      [ "$r" = PASS ] || break # the first failure says enough; keep the device time
-    done
-  done
-  for pull in 0 1; do
-    for t in 1 128; do
-      MC_GPU_PULL=$pull timeout 120 $L build-dev/mc-bench --transport p2p --json -t $t -r 200 -w 20 \
-        > "$out/bench-p2p-pull$pull-t$t.json" 2> "$out/bench-p2p-pull$pull-t$t.err"
-      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); l=j['latency_us']; print(sys.argv[2], j['config']['tokens'], 'disp', l['dispatch']['median'], 'comb', l['combine']['median'], {k: l[k]['median'] for k in ('dispatch send','dispatch recv')}, j['verdict'])" \
-        "$out/bench-p2p-pull$pull-t$t.json" "p2p pull=$pull" 2>&1 | tail -1
-    done
-  done
-  (cd "$out" && tar czf pull-logs.tgz --remove-files *.log *.err *.json 2>/dev/null || true)
-  exit 0
-fi
 if [ "$mode" = auto ]; then
   # transport auto (the reachability probe at comm create): one host -> p2p,
   # two claimed hosts -> nvshmem; then p2p create and its refusal, which
@@ -122,19 +129,6 @@ if [ "$mode" = torch ]; then
     python3 -m pytest -q -s -p no:cacheprovider python/tests/test_torch_gpu.py python/tests/test_readme.py 2>&1 | tee "$out/torch.txt" | tail -25
   exit 0
 fi
-if [ "$mode" = zctrace ]; then
-  # the copying round against the pulled combine's, as kernel timelines (ZT_TOKENS)
-  for t in ${ZT_TOKENS:-1}; do
-    for v in copy pull; do
-      z=; [ $v = pull ] && z=--zero-copy
-      MC_GPU_TRACE="$out/trace-$v-t$t" timeout 120 $L build-dev/mc-bench --transport p2p --no-dense --check-first 1 \
-        -r 100 -w 10 -t "$t" $z > "$out/bench-$v-t$t.txt" 2>&1
-      python3 scripts/trace_summary.py "$out/trace-$v-t$t" > "$out/timeline-$v-t$t.txt" 2>&1; rm -f "$out"/trace-$v-t$t.*
-      echo "== $v t=$t"; cat "$out/timeline-$v-t$t.txt"
-    done
-  done
-  exit 0
-fi
 if [ "$mode" = trace ]; then
   # the kernels' timeline (MC_GPU_TRACE stamps, scripts/trace_summary.py):
   # where each rank's time goes, EP8 under MPS against one rank alone
@@ -146,7 +140,7 @@ if [ "$mode" = trace ]; then
     env MC_GPU_TRACE="$out/trace-$name" "$@" timeout 120 scripts/mc-launch.sh "$n" -- $B -n "$n" ${TARGS:-} \
       > "$out/trace-$name.txt" 2>&1
     echo "== $name: $(grep -E '^ *(dispatch|combine) ' "$out/trace-$name.txt" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
-    python3 scripts/trace_summary.py "$out/trace-$name" | tee "$out/trace-$name.sum"
+    python3 scripts/trace_summary.py "$out/trace-$name" ${TRACE_RANKS:+--own-clock} | tee "$out/trace-$name.sum"
   }
   if [ -n "${TRACE_RANKS:-}" ]; then
     for t in 1 128 4096; do TARGS="-t $t" tr "ep$TRACE_RANKS-t$t" "$TRACE_RANKS"; done
@@ -168,41 +162,16 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_zero_copy gpu_p2p_threads"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
-# zc: registered expert buffers (docs/zero-copy.md): their own test, the suite
-# with every run registered, the sanitizers on them, then copy against
-# zero-copy interleaved (below, after bench())
-[ "$mode" = zc ] && tests="gpu_zero_copy" && TEST_TIMEOUT=200
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
-if [ "$mode" = zc ]; then
-  run_test gpu_zero_copy MC_ZC_DISPATCH=direct
-  for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_deepseek_shape gpu_prep_passes gpu_many_rounds; do
-    run_test "$t" MC_TEST_ZC=1 MC_TEST_TRANSPORT=p2p
-  done
-  run_test gpu_ep_sizes MC_ZC_DISPATCH=direct MC_TEST_ZC=1 MC_TEST_TRANSPORT=p2p
-  for v in pull direct; do
-    for tool in memcheck racecheck; do
-      s=$(date +%s)
-      if env MC_ZC_DISPATCH=$v MC_NO_MPS=1 timeout 300 $L compute-sanitizer --tool $tool --target-processes all \
-           --error-exitcode 9 build-dev/mc-bench --transport p2p --zero-copy -n 2 -t 8 -e 16 -k 4 --hidden 256 -r 2 -w 1 \
-           --no-dense > "$out/sanitizer-zc-$v-$tool.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-      results+=("sanitizer-zc-$v-$tool $r $(( $(date +%s) - s ))s")
-      [ "$r" = PASS ] || grep -E "=========" "$out/sanitizer-zc-$v-$tool.log" | head -12
-    done
-  done
-else
 # the paths the defaults on one GPU do not take: NVSHMEM puts from staging
 # (what a NIC carries), system-scope signals (what several GPUs need)
 run_test gpu_ep_sizes MC_GPU_STAGED=1
 run_test gpu_ep_sizes MC_GPU_SCOPE=sys
-# pull mode; zero-copy with direct dispatch
-run_test gpu_ep_sizes MC_GPU_PULL=1 MC_TEST_TRANSPORT=p2p
-run_test gpu_zero_copy MC_ZC_DISPATCH=direct
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
-for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_zero_copy|gpu_p2p_threads) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
-fi
+for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_p2p_threads) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 
 if [ "$mode" = tests ]; then
   printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
@@ -226,50 +195,12 @@ bench() { # name args... (BT: the transport, default nvshmem)
   env ${BENV:-} timeout 300 $L build-dev/mc-bench --transport "${BT:-nvshmem}" --json "$@" > "$out/bench-$name.json" 2> "$out/bench-$name.err" ||
     echo "{\"failed\": \"$name\"}" >> "$out/bench-$name.json"
 }
-if [ "$mode" = zc ]; then
-  # copy, pulled combine (registered buffers) and direct dispatch
-  # (MC_ZC_DISPATCH=direct) alternating, same binary; EP8 on one GPU (the
-  # first, where there are several: issue 4's testbed), then EP2 with one
-  # rank per GPU where there are two
-  one=; [ "$(scripts/mc-launch.sh --gpus)" -gt 1 ] && one=CUDA_VISIBLE_DEVICES=0
-  for t in ${ZC_TOKENS:-1 32 128 512}; do
-    reps=1; [ "$t" = 128 ] && reps=2
-    for rep in $(seq $reps); do
-      # copy, pull (registered), direct (MC_ZC_DISPATCH=direct); *-whole: no
-      # CUDA event between a send and its recv (what an engine runs)
-      for v in ${ZC_VARIANTS:-copy pull direct}; do
-        case $v in
-        copy) BENV="$one" BT=p2p bench "p2p-copy-t$t-$rep" -t "$t" -r 200 -w 20 ;;
-        copy-whole) BENV="$one" BT=p2p bench "p2p-copywhole-t$t-$rep" -t "$t" -r 200 -w 20 --whole ;;
-        pull-whole) BENV="$one" BT=p2p bench "p2p-pullwhole-t$t-$rep" -t "$t" -r 200 -w 20 --whole --zero-copy ;;
-        pull) BENV="$one" BT=p2p bench "p2p-pull-t$t-$rep" -t "$t" -r 200 -w 20 --zero-copy ;;
-        direct) BENV="$one MC_ZC_DISPATCH=direct" BT=p2p bench "p2p-direct-t$t-$rep" -t "$t" -r 200 -w 20 --zero-copy ;;
-        esac
-      done
-    done
-  done
-  BENV="$one" BT=nvshmem bench "nvshmem-t128" -t 128 -r 200 -w 20
-  if [ "$(scripts/mc-launch.sh --gpus)" -ge 2 ]; then
-    for t in 1 128 512 4096; do
-      r=200; [ "$t" = 4096 ] && r=50
-      for v in copy pull direct; do
-        z=; [ $v != copy ] && z=--zero-copy; e=; [ $v = direct ] && e=MC_ZC_DISPATCH=direct
-        env $e timeout 150 scripts/mc-launch.sh 2 -- build-dev/mc-bench --transport p2p --json -n 2 -t "$t" -r $r -w 10 \
-          --no-dense $z > "$out/bench-ep2-$v-t$t.json" 2> "$out/bench-ep2-$v-t$t.err" ||
-          echo "{\"failed\": \"ep2-$v-t$t\"}" >> "$out/bench-ep2-$v-t$t.json"
-      done
-    done
-  fi
-fi
 tok_list="1 8 32 128 512"
 [ "$mode" = quick ] && tok_list=${MC_TOKENS:-1 128}
-[ "$mode" = zc ] && tok_list="" 
 for t in $tok_list; do bench "dsv3-t$t" -t "$t" -r 200 -w 20; done
 # p2p in the same run: the same points (its dense baseline is nvshmem's above)
 for t in $tok_list; do BT=p2p bench "p2p-dsv3-t$t" -t "$t" -r 200 -w 20; done
 [ "$mode" = full ] && bench "small-t128" -e 128 -k 8 --hidden 2048 -t 128 -r 200 -w 20
-# pull mode, in the same run (perf-notes 17)
-[ "$mode" = zc ] || for t in 128 512; do BENV=MC_GPU_PULL=1 BT=p2p bench "p2p-pull-t$t" -t "$t" -r 200 -w 20; done
 if [ "$mode" = full ]; then
   # the same calls with no CUDA event between a send and its recv (under
   # MPS each event costs the GPU several us), eager and as graph replays

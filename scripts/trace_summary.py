@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""trace_summary.py PREFIX [--skip N] - the kernel timeline of a traced run.
+"""trace_summary.py PREFIX [--skip N] [--own-clock] - the kernel timeline of a traced run.
 
 Reads PREFIX.<rank> files written with MC_GPU_TRACE=PREFIX (src/gpu/mc_gpu_host.c):
 one line per round, MC_TK_N kernels x 8 globaltimer stamps (ns). For each
 round, times are taken from the earliest prep-kernel start over all ranks
 (one GPU: one clock). Prints, per event, the median over rounds of each
-rank's time in us, and of the latest rank's."""
+rank's time in us, and of the latest rank's. --own-clock: each rank's times from its
+own first prep start (ranks on different GPUs: their clocks are not one)."""
 import glob, statistics, sys
 
 KERNELS = ["prep", "pack", "dsend", "drecv", "csend", "crecv"]
@@ -18,6 +19,7 @@ NOTES = {("prep", "c0"): "checked and routed", ("prep", "c1"): "positions done",
 def main():
     prefix = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else None
+    own = "--own-clock" in sys.argv
     files = sorted((f for f in glob.glob(prefix + ".*") if f.rsplit(".", 1)[1].isdigit()),
                    key=lambda f: int(f.rsplit(".", 1)[1]))
     ranks = [[list(map(int, l.split()))[1:] for l in open(f) if l.strip()] for f in files]
@@ -38,7 +40,8 @@ def main():
                 vals = [r[i][k * 8 + s] for r in ranks]
                 if not any(vals):
                     continue
-                rel = [(v - t0) / 1000.0 if v else float("nan") for v in vals]
+                base = [r[i][0] if own else t0 for r in ranks]
+                rel = [(v - b) / 1000.0 if v and b else float("nan") for v, b in zip(vals, base)]
                 rows.setdefault((kn, sn), []).append(rel)
     W = len(ranks)
     print(f"kernel timeline, us from the first prep start, median of {n - skip} rounds, {W} ranks")

@@ -223,15 +223,15 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
     if (expert_scale && !has_scales)
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                      "%s: expert_scale=%p given but config->scale_bytes is 0", call, expert_scale);
-    /* registered: peers stored into the registered buffers, not these */
-    if (a2a->zc_x && (expert_x != a2a->zc_x || expert_scale != a2a->zc_scale))
-      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                     "%s: expert_x=%p / expert_scale=%p are not the registered buffers %p / %p "
-                     "(mc_a2a_register_expert_buffers)",
-                     call, expert_x, expert_scale, a2a->zc_x, a2a->zc_scale);
   }
   mc_dispatch_args_t args = {tokens,   scales,       indices,      weights, m,
                              bound_m,  expert_x,     expert_scale, expert_count, stream};
+  if (flags == MC_SEND_RECV && a2a->ops->dispatch_send_recv) { /* both halves, one launch where it can */
+    if ((rc = after(a2a, a2a->ops->dispatch_send_recv(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->round_m = m;
+    a2a->next = MC_NEXT_COMBINE_SEND;
+    return MC_SUCCESS;
+  }
   if (flags & MC_SEND) {
     if ((rc = after(a2a, a2a->ops->dispatch_send(a2a, &args))) != MC_SUCCESS) return rc;
     a2a->next = MC_NEXT_DISPATCH_RECV;
@@ -250,12 +250,14 @@ mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned 
   mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_COMBINE_SEND);
   if (rc != MC_SUCCESS) return rc;
   if ((flags & MC_SEND) && (rc = check_ptr(a2a, call, "expert_y", expert_y, 1, 16))) return rc;
-  if ((flags & MC_SEND) && a2a->zc_y && expert_y != a2a->zc_y) /* peers read the registered one */
-    return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                   "%s: expert_y=%p is not the registered buffer %p (mc_a2a_register_expert_buffers)", call,
-                   expert_y, a2a->zc_y);
   if ((flags & MC_RECV) && (rc = check_ptr(a2a, call, "out", out, a2a->round_m > 0, 16))) return rc;
   mc_combine_args_t args = {expert_y, out, stream};
+  if (flags == MC_SEND_RECV && a2a->ops->combine_send_recv) { /* both halves, one launch where it can */
+    if ((rc = after(a2a, a2a->ops->combine_send_recv(a2a, &args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_DISPATCH_SEND;
+    a2a->stats.rounds++;
+    return MC_SUCCESS;
+  }
   if (flags & MC_SEND) {
     if ((rc = after(a2a, a2a->ops->combine_send(a2a, &args))) != MC_SUCCESS) return rc;
     a2a->next = MC_NEXT_COMBINE_RECV;
@@ -268,37 +270,3 @@ mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned 
   return MC_SUCCESS;
 }
 
-mc_result_t mc_a2a_register_expert_buffers(mc_a2a_t *a2a, void *expert_x, void *expert_scale, void *expert_y) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_register_expert_buffers: a2a is NULL");
-  const char *call = "mc_a2a_register_expert_buffers";
-  if (a2a->aborted)
-    return mc_fail(a2a->err, MC_ERR_ABORTED, "%s: this handle failed earlier (see the previous error)", call);
-  if (!a2a->ops->register_expert)
-    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "%s: the %s transport has no zero-copy path (p2p only)", call,
-                   a2a->ops->name);
-  if (a2a->comm->group_size > 1) /* a token's rows would be pulled by every member of its group */
-    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "%s: group_size=%d: zero-copy needs group_size 1", call,
-                   a2a->comm->group_size);
-  if (a2a->next != MC_NEXT_DISPATCH_SEND)
-    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE, "%s: called in the middle of a round (finish its combine first)",
-                   call);
-  const int has_scales = a2a->cfg.scale_bytes > 0;
-  mc_result_t rc;
-  if (expert_x || expert_scale || expert_y) {
-    if ((rc = check_ptr(a2a, call, "expert_x", expert_x, 1, 16)) ||
-        (rc = check_ptr(a2a, call, "expert_scale", expert_scale, has_scales, 4)) ||
-        (rc = check_ptr(a2a, call, "expert_y", expert_y, 1, 16)))
-      return rc;
-    if (expert_scale && !has_scales)
-      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: expert_scale=%p given but config->scale_bytes is 0", call,
-                     expert_scale);
-  }
-  rc = a2a->ops->register_expert(a2a, expert_x, expert_scale, expert_y);
-  if (rc != MC_SUCCESS) {
-    a2a->aborted = rc != MC_ERR_INVALID_ARG; /* peers may hold a half-made mapping */
-    a2a->zc_x = a2a->zc_scale = a2a->zc_y = NULL;
-    return rc;
-  }
-  a2a->zc_x = expert_x, a2a->zc_scale = expert_scale, a2a->zc_y = expert_y;
-  return MC_SUCCESS;
-}

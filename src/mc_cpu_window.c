@@ -205,18 +205,13 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
 
 static void cpu_a2a_destroy(mc_a2a_t *a2a) { unmap_all(a2a); }
 
+/* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
 const mc_transport_ops_t mc_cpu_ops = {
-    "cpu",
-    NULL,
-    NULL,
-    cpu_a2a_create,
-    cpu_a2a_destroy,
-    mc_cpu_dispatch_send,
-    mc_cpu_dispatch_recv,
-    mc_cpu_combine_send,
-    mc_cpu_combine_recv,
-    NULL,
-    NULL,
-    NULL, /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
-    NULL, /* register_expert: peers' memory is shared, but the copying path is the reference's */
+    .name = "cpu",
+    .a2a_create = cpu_a2a_create,
+    .a2a_destroy = cpu_a2a_destroy,
+    .dispatch_send = mc_cpu_dispatch_send,
+    .dispatch_recv = mc_cpu_dispatch_recv,
+    .combine_send = mc_cpu_combine_send,
+    .combine_recv = mc_cpu_combine_recv,
 };

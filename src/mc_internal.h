@@ -60,7 +60,6 @@ struct mc_a2a {
                         (checked on the device): the round is over, dispatch-send is next */
   uint64_t round;    /* 1-based number of the round in progress or last done (64-bit: never wraps) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
-  void *zc_x, *zc_scale, *zc_y; /* registered expert buffers (mc_a2a_register_expert_buffers), else NULL */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];
 };
@@ -76,14 +75,15 @@ struct mc_transport_ops {
   void (*a2a_destroy)(mc_a2a_t *a2a);
   mc_result_t (*dispatch_send)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*dispatch_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+  /* optional: both halves in one call (MC_SEND_RECV), which a GPU transport
+   * may run as one launch; else the API layer calls the two halves */
+  mc_result_t (*dispatch_send_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*combine_send)(mc_a2a_t *a2a, const mc_combine_args_t *args);
   mc_result_t (*combine_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args);
+  mc_result_t (*combine_send_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args); /* optional, as above */
   void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
   mc_result_t (*check)(mc_a2a_t *a2a);  /* optional: failures recorded asynchronously */
   mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */
-  /* optional (else MC_ERR_UNSUPPORTED): collective; map every rank's expert
-   * buffers, or with all NULL unmap them; the API layer checked the pointers */
-  mc_result_t (*register_expert)(mc_a2a_t *a2a, void *expert_x, void *expert_scale, void *expert_y);
 };
 
 extern const mc_transport_ops_t mc_cpu_ops;
@@ -103,7 +103,7 @@ const mc_transport_ops_t *mc_transport_ops(mc_transport_t t);
 /* Collective helpers over the comm's oob, with the failure written to comm->err. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);
 mc_result_t mc_comm_barrier(mc_comm_t *comm);
-/* 1 when MC_VERBOSE=1: rank 0 then says on stderr what was chosen (transport, grid, zero-copy mode) */
+/* 1 when MC_VERBOSE=1: rank 0 then says on stderr what was chosen (transport, grid, launches) */
 int mc_verbose(void);
 /* FNV-1a of the host name (or of $MC_HOST_ID): ranks on one host give the same value */
 uint64_t mc_host_id(void);

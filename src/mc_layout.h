@@ -15,11 +15,6 @@
  *   disp_send    [src_cap][record_bytes]    staging: records packed once, put to every destination
  *   meta_send    [world_size][meta_bytes]   staging: the meta for each destination
  *   comb_send    [world_size * src_cap][row_bytes]    staging: pre-reduced rows, put to the group
- *   zc_cnt       [2][world_size][num_experts] uint32: with registered expert
- *                buffers (docs/zero-copy.md), each source's records per global
- *                expert, from which every rank derives every slot; two copies
- *                by round parity, so that round i's are still there while a
- *                rank that ran ahead writes round i+1's
  *
  * Staging lives in the window because NVSHMEM over a network needs the
  * source of a put registered, and a non-blocking put needs its source kept
@@ -56,12 +51,12 @@
 /* Signal slots, each an array of world_size uint64 indexed by the peer. */
 enum {
   MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed */
-  MC_SIG_DISP_RECS = 1, /* ADD 1 per record from peer; never reset (running total) */
+  MC_SIG_DISP_RECS = 1, /* ADD per record from peer (cpu: 1 a record; GPU: 1 a record piece,
+                           mc_record_pieces); never reset (running total) */
   MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
   MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (GPU transports) */
-  MC_SIG_ZC_CNT = 5,    /* registered buffers: SET to the round number once peer's per-expert counts landed */
-  MC_SIG_COUNT = 6
+  MC_SIG_COUNT = 5
 };
 
 /* How a put or signal updates the receiver's signal word. */
@@ -119,8 +114,11 @@ MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * 
 /* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
 #define MC_SEG_BYTES 2048u
 MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
-/* ... and the direct dispatch (registered buffers) a token's payload */
+/* ... and a token's payload: a GPU record crosses as this many payload
+ * pieces (the last also carries the scales) and one header piece, each
+ * stored by its own warp and counted in MC_SIG_DISP_RECS */
 MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+MC_HD uint64_t mc_record_pieces(const mc_shape_t *s) { return (uint64_t)mc_token_segs(s) + 1; }
 /* Slots in the caller's expert_x / expert_scale / expert_y: local experts x capacity. */
 MC_HD uint64_t mc_expert_slots(const mc_shape_t *s) {
   return (uint64_t)mc_num_local_experts(s) * (uint64_t)mc_expert_capacity(s);
@@ -165,12 +163,8 @@ MC_HD uint64_t mc_comb_send_base(const mc_shape_t *s) {
 MC_HD uint64_t mc_comb_send_off(const mc_shape_t *s, int i) {
   return mc_comb_send_base(s) + (uint64_t)i * mc_row_bytes(s);
 }
-MC_HD uint64_t mc_zc_cnt_off(const mc_shape_t *s, uint64_t round, int src) {
-  return mc_comb_send_base(s) + (uint64_t)s->world_size * mc_src_cap(s) * mc_row_bytes(s) +
-         ((round & 1u) * s->world_size + (uint64_t)src) * s->num_experts * sizeof(uint32_t);
-}
 MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
-  return mc_align_up(mc_zc_cnt_off(s, 1, s->world_size), MC_ALIGN);
+  return mc_align_up(mc_comb_send_off(s, s->world_size * mc_src_cap(s)), MC_ALIGN);
 }
 
 /* ---- private workspace (never written by peers) ----
@@ -208,10 +202,8 @@ enum {
   MC_WS_BARRIERS,   /* mc_a2a_barrier calls so far (the value the next one signals, minus 1) */
   MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
   MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
-  MC_WS_PREP_TICKET, /* fused prep + send (mc_gpu_fused.cuh): blocks started; the first preps */
-  MC_WS_PREP_READY,  /* fused: 1 once the prep is published */
-  MC_WS_PREP_SEEN,   /* fused: blocks that saw PREP_READY (the last resets all three) */
-  MC_WS_NSCALARS = 11
+  MC_WS_DONE_DSEND, /* one-launch dispatch: blocks done sending (the last writes the round number) */
+  MC_WS_NSCALARS = 9
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {

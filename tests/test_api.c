@@ -204,30 +204,3 @@ int test_create_destroy_loop(void) {
   return 0;
 }
 
-/* Registering expert buffers is for p2p (GPU suite: gpu_zero_copy); the cpu
- * transport refuses it, names the reason, and the handle works on. */
-int test_register_expert_buffers_rules(void) {
-  solo_t s; /* the cpu transport even where a GPU would make auto pick p2p */
-  MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
-  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
-  ac.max_tokens = 4;
-  ac.num_experts = 2;
-  ac.experts_per_token = 1;
-  ac.token_bytes = 16;
-  ac.hidden = 8;
-  mc_a2a_t *a2a = NULL;
-  MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
-  static _Alignas(16) unsigned char x[2 * 4 * 16], y[2 * 4 * 8 * 2];
-  MC_CHECK_RC(mc_a2a_register_expert_buffers(NULL, x, NULL, y), MC_ERR_INVALID_ARG);
-  MC_CHECK_RC(mc_a2a_register_expert_buffers(a2a, x, NULL, y), MC_ERR_UNSUPPORTED);
-  MC_CHECK_MSG(strstr(mc_a2a_last_error(a2a), "cpu") != NULL, "%s", mc_a2a_last_error(a2a));
-  /* nothing changed: a round runs on the copying path */
-  _Alignas(16) unsigned char tok[16] = {1, 2, 3};
-  int32_t idx[1] = {1}, count[2] = {-1, -1};
-  MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, idx, NULL, 1, NULL, x, NULL, count, MC_SEND_RECV, NULL));
-  MC_CHECK(count[0] == 0 && count[1] == 1 && memcmp(x + 4 * 16, tok, 16) == 0);
-  MC_CHECK_OK(mc_combine(a2a, y, y + 64, MC_SEND_RECV, NULL));
-  MC_CHECK_OK(mc_a2a_destroy(a2a));
-  solo_close(&s);
-  return 0;
-}

@@ -36,24 +36,17 @@ static mc_transport_t gpu_transport(void) {
   return t && strcmp(t, "p2p") == 0 ? MC_TRANSPORT_P2P : MC_TRANSPORT_NVSHMEM;
 }
 
-/* MC_TEST_ZC=1 (with MC_TEST_TRANSPORT=p2p): every run registers its expert
- * buffers, so the whole suite checks the zero-copy path too. */
-static int zero_copy_env(void) {
-  const char *z = getenv("MC_TEST_ZC");
-  return z && strcmp(z, "1") == 0;
-}
-
 /* One run over `transport`, ranks as processes (or as threads of this
  * process), its verdict printed with the case. */
 static int run_as(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport, int processes) {
   o->processes = processes;
   o->transport = transport;
+  if (!o->whole) o->whole = 2; /* every other round as one call: the one-launch kernels and the halves */
   mc_run_result_t res;
   int failed = mc_run(c, o, &res);
   char desc[400];
   mc_ref_describe(c, desc, sizeof desc);
-  printf("%s: %s, zero-copy %d: %s\n", failed ? "FAILED" : "ok", processes ? "processes" : "threads", o->zero_copy,
-         desc);
+  printf("%s: %s: %s\n", failed ? "FAILED" : "ok", processes ? "processes" : "threads", desc);
   if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
   mc_run_free(&res);
   return failed != 0;
@@ -61,10 +54,7 @@ static int run_as(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport, int 
 
 static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) { return run_as(c, o, transport, 1); }
 
-static int run_gpu(mc_case_t *c, mc_run_opts_t *o) {
-  if (zero_copy_env()) o->zero_copy = 1;
-  return run_on(c, o, gpu_transport());
-}
+static int run_gpu(mc_case_t *c, mc_run_opts_t *o) { return run_on(c, o, gpu_transport()); }
 
 /* MC_TEST_MAX_WORLD=N caps every test's ranks at N, rounded down to a power
  * of two: one rank per GPU on a machine of N GPUs (scripts/gpu-multi.sh),
@@ -322,100 +312,28 @@ int test_gpu_graph(void) {
   return 0;
 }
 
-/* Registered expert buffers on p2p (mc_a2a_register_expert_buffers): the
- * zero-copy kernels against the reference on random shapes, dtypes and
- * routings at EP 1-8; the DeepSeek-V3 shape; a CUDA graph replayed over
- * them; rounds alternating between registered and not every two rounds on
- * two handles (so each handle switches) with work between the halves;
- * group_size 2 refused; 300 rounds coupled only by the protocol (the harness checks
- * the refusal, then runs the copying path). Every registered run also
- * checks that other expert buffers are refused. */
-static int run_zc(mc_case_t *c, mc_run_opts_t *o, int mode) {
-  o->zero_copy = mode;
-  return run_on(c, o, MC_TRANSPORT_P2P);
-}
-
-int test_gpu_zero_copy(void) {
-  REQUIRE_GPU();
-  static const int worlds[] = {1, 2, 4, 8};
-  for (int i = 0; i < 8; i++) {
-    mc_case_t c;
-    mc_ref_random_case(mc_test_seed * 104729u + (uint64_t)i, &c);
-    c.world_size = cap_world(worlds[i % 4]);
-    c.group_size = 1;
-    c.num_experts = c.world_size * (1 + (int)(c.seed % 16));
-    if (c.topk > c.num_experts) c.topk = c.num_experts;
-    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-    o.rounds = 3;
-    MC_CHECK(run_zc(&c, &o, 1) == 0);
-  }
-  mc_case_t c;
-  mc_ref_deepseek_case(cap_world(8), 64, &c);
-  c.seed = mc_test_seed;
-  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-  o.rounds = 3;
-  MC_CHECK(run_zc(&c, &o, 1) == 0);
-
-  small_case(&c, 4, 1, 7);
-  c.in_dtype = MC_DTYPE_BF16;
-  c.token_bytes = (size_t)c.hidden * 2; /* the identity expert is a copy */
-  c.scale_bytes = 16;
-  c.expert_identity = 1;
-  c.fixed_m = 1;
-  c.use_bound_m = 1;
-  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
-  o.rounds = 10;
-  o.graph = 1;
-  MC_CHECK(run_zc(&c, &o, 1) == 0);
-
-  small_case(&c, 4, 1, 8);
-  c.use_bound_m = 1;
-  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
-  o.rounds = 9; /* handle 0: rounds 0, 4, 8 registered, 2, 6 not; handle 1: 1, 5 registered, 3, 7 not */
-  o.handles = 2;
-  o.split = 1;
-  MC_CHECK(run_zc(&c, &o, 2) == 0);
-
-  small_case(&c, 2, 2, 9);
-  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
-  o.rounds = 2;
-  MC_CHECK(run_zc(&c, &o, 1) == 0);
-
-  /* rounds back to back, ranks coupled only by the protocol (no host work
-   * between most rounds, no barrier), so that a rank can run a round ahead
-   * of a peer still pulling: the first 3 rounds and the last are checked */
-  mc_ref_deepseek_case(cap_world(8), 32, &c);
-  c.seed = mc_test_seed + 1;
-  o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
-  o.rounds = 300;
-  o.check_first = 3;
-  MC_CHECK(run_zc(&c, &o, 1) == 0);
-  return 0;
-}
-
 /* p2p with ranks as threads of one process (what an engine that drives its
  * GPUs from threads runs): peers' windows used at their own addresses, no
  * IPC; on a machine of fewer GPUs than ranks several threads share a GPU,
  * each with its own stream, and the library splits the SMs between them.
- * EP 2-8, copying and registered buffers, work between the halves. Run it
+ * EP 2-8, with and without work between the halves. Run it
  * as one process on the whole GPU (scripts/mc-launch.sh 1 --): under MPS
  * the process gets one rank's share for all its threads. */
 int test_gpu_p2p_threads(void) {
   REQUIRE_GPU();
   static const int worlds[] = {2, 4, 8};
   for (int w = 0; w < 3; w++)
-    for (int zc = 0; zc <= 1; zc++) {
+    for (int split = 0; split <= 1; split++) {
       mc_case_t c;
-      small_case(&c, worlds[w], 1, 70 + w * 2 + zc);
+      small_case(&c, worlds[w], 1, 70 + w * 2 + split);
       c.token_bytes = 1024; /* fp8 payload with block scales */
       c.scale_bytes = 32;
       c.in_dtype = MC_DTYPE_BF16;
       c.out_dtype = MC_DTYPE_BF16;
-      c.use_bound_m = zc;
+      c.use_bound_m = split;
       mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
       o.rounds = 6;
-      o.split = 1;
-      o.zero_copy = zc;
+      o.split = split;
       o.barrier = worlds[w] == 8; /* mc_a2a_barrier's kernel first: the first launch that waits for peers */
       MC_CHECK(run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
     }

@@ -24,8 +24,9 @@ static void usage(FILE *f) {
       "is a process (several on one GPU: run it through scripts/mc-launch.sh, which\n"
       "starts MPS), and NVSHMEM's dense all-to-all of the padded payload is timed\n"
       "in the same run as the baseline.\n"
-      "Outputs are compared with the reference model every round (on a GPU: the\n"
-      "first --check-first rounds and the last).\n"
+      "Outputs are compared with the reference model in the first --check-first\n"
+      "rounds, which are warm-up, and in one more round after the timed ones: no\n"
+      "timed round is checked (a check downloads and compares on the host).\n"
       "\n"
       "  -n, --ranks N         ranks (world_size)                         [8]\n"
       "  -g, --group-size G    ranks holding the same tokens              [1]\n"
@@ -44,20 +45,19 @@ static void usage(FILE *f) {
       "      --processes       ranks as processes (socket bootstrap), not threads\n"
       "      --threads         p2p: ranks as threads of this process (several on one GPU\n"
       "                        share it without MPS: run it as one process, mc-launch.sh 1)\n"
-      "      --check-first N   GPU: check the first N rounds and the last [5]\n"
+      "      --check-first N   check the first N rounds (N >= 1, within the warm-up,\n"
+      "                        which grows to N) and one after the timed ones [5]\n"
       "      --no-dense        GPU: skip the dense all-to-all baselines\n"
       "      --nccl            GPU: also time NCCL's grouped send/recv all-to-all of the same\n"
       "                        padded payload (needs one GPU per rank)\n"
       "      --split           other work between each send and its recv\n"
-      "      --whole           GPU: time dispatch and combine each as one span, no CUDA event\n"
-      "                        between a send and its recv (events cost GPU time under MPS)\n"
+      "      --whole           GPU: dispatch and combine each as one call (MC_SEND_RECV), timed\n"
+      "                        as one span: what an engine runs when nothing goes between\n"
       "      --floor           GPU: also time mc_a2a_barrier alone, as a round is timed (a mark\n"
       "                        on each side): what a half that waits on every peer costs here\n"
       "                        with no bytes moved (CUDA events and launches under MPS)\n"
       "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
       "                        overhead on the host); the warm-up rounds run eagerly\n"
-      "      --zero-copy       p2p: register the expert buffers (mc_a2a_register_expert_buffers;\n"
-      "                        also MC_TEST_ZC=1)\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -102,13 +102,12 @@ int main(int argc, char **argv) {
   o.barrier = 1;
   int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_ZC, O_THREADS, O_FLOOR };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR };
   int threads = 0;
   int nccl = 0;
   int sizes_only = 0;
   int dense = 1;
   o.check_first = 5;
-  o.zero_copy = getenv("MC_TEST_ZC") && !strcmp(getenv("MC_TEST_ZC"), "1"); /* gpu-ab.sh's variants are environments */
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -117,7 +116,7 @@ int main(int argc, char **argv) {
       {"threads", 0, 0, O_THREADS},
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
-      {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE}, {"zero-copy", 0, 0, O_ZC},
+      {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
       {"floor", 0, 0, O_FLOOR},
       {0, 0, 0, 0}};
   int ch;
@@ -146,7 +145,6 @@ int main(int argc, char **argv) {
     case O_GRAPH: o.graph_timed = 1; break;
     case O_WHOLE: o.whole = 1; break;
     case O_FLOOR: o.floor = 1; break;
-    case O_ZC: o.zero_copy = 1; break;
     case O_NOCHECK: o.check = 0; break;
     case O_JSON: json = 1; break;
     case O_TRANSPORT:
@@ -175,6 +173,8 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if (o.check_first < 1) return fprintf(stderr, "--check-first: at least 1 (checked rounds are never timed)\n"), 2;
+  if (o.warmup < o.check_first) o.warmup = o.check_first; /* the checked rounds stay out of the samples */
   if ((o.graph_timed || o.whole || o.floor) && o.transport == MC_TRANSPORT_CPU)
     return fprintf(stderr, "--graph, --whole, --floor: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
   if (sizes_only) { /* what the one layout header says a rank allocates */
@@ -250,7 +250,7 @@ int main(int argc, char **argv) {
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
    * the same m, so an average over the rounds is the per-round figure). */
-  double rounds_run = (double)(o.rounds + o.warmup), disp = 0, comb = 0, max_err = 0;
+  double rounds_run = (double)(o.rounds + o.warmup + (o.check && !o.graph_timed)), disp = 0, comb = 0, max_err = 0;
   uint64_t buffer = res.ranks[0].stats.buffer_bytes;
   for (int r = 0; r < W; r++) {
     disp += (double)res.ranks[r].stats.dispatch_bytes_sent;
@@ -279,10 +279,10 @@ int main(int argc, char **argv) {
            o.processes ? "processes" : "threads");
     printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
            "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
-           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"zero_copy\": %s},\n",
+           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s},\n",
            c.world_size, c.group_size, c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes,
            dtype_name(c.in_dtype), dtype_name(c.out_dtype), o.rounds, o.warmup, (unsigned long long)c.seed,
-           o.graph_timed ? "true" : "false", o.whole ? "true" : "false", o.zero_copy ? "true" : "false");
+           o.graph_timed ? "true" : "false", o.whole ? "true" : "false");
     printf(" \"latency_us\": {");
     for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) /* --whole: no halves */
       printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > (o.whole ? MC_PH_COUNT : 0) ? ", " : "",

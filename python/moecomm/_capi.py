@@ -109,7 +109,6 @@ _PROTOS = {
     "mc_dispatch": (_r, [_vp, _vp, _vp, _vp, _vp, _i, _vp, _vp, _vp, _vp, C.c_uint, _vp]),
     "mc_combine": (_r, [_vp, _vp, _vp, C.c_uint, _vp]),
     "mc_a2a_check": (_r, [_vp]),
-    "mc_a2a_register_expert_buffers": (_r, [_vp, _vp, _vp, _vp]),
     "mc_a2a_get_stats": (_r, [_vp, C.POINTER(A2AStats)]),
     "mc_comm_bench_dense_alltoall": (_r, [_vp, C.c_size_t, _i, _i, C.POINTER(C.c_float)]),
 }

@@ -261,28 +261,6 @@ class AllToAll:
         need_align(yv, "expert_y", 16)
         return yv.ptr
 
-    def register_expert_buffers(self, expert_x, expert_x_scale, expert_y):
-        """mc_a2a_register_expert_buffers: collective, between rounds; p2p
-        with group_size 1 only (elsewhere MoecommError, MC_ERR_UNSUPPORTED).
-        Combine then reads the rows it needs from the peers' expert_y (pays
-        where ranks share a GPU, costs across NVLink: docs/zero-copy.md).
-        Every later dispatch and combine must pass these same tensors; the
-        handle keeps them alive until destroy or the next registration.
-        All three None unregisters."""
-        if expert_x is None and expert_x_scale is None and expert_y is None:
-            check(lib.mc_a2a_register_expert_buffers(self._h, None, None, None), self.last_error)
-            self._registered = None
-            return
-        L, cap = self.num_local_experts, self.expert_capacity
-        xv = view(expert_x, "expert_x", writeable=True, device=self._dev)
-        need_lead(xv, "expert_x", (L, cap))
-        need_row_bytes(xv, "expert_x", 2, self.config.token_bytes, "token_bytes")
-        need_align(xv, "expert_x", 16)
-        sp = self._scale_ptr(expert_x_scale, "out_expert_x_scale", (L, cap))
-        yp = self._y_ptr(expert_y)
-        check(lib.mc_a2a_register_expert_buffers(self._h, xv.ptr, sp, yp), self.last_error)
-        self._registered = (expert_x, expert_x_scale, expert_y)  # peers use them: keep them alive
-
     def _out_ptr(self, out_tokens):
         ov = view(out_tokens, "out_tokens", writeable=True, device=self._dev)
         need_tag(ov, "out_tokens", self.out_dtype)

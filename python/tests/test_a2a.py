@@ -80,19 +80,3 @@ def test_python_allgather_callback(rng):
     assert not errors, errors
     for rank, (got, L) in enumerate(results):
         check_rank(groups, rank, 1, L, got, "fp32", "fp32")
-
-
-def test_register_expert_buffers_unsupported_on_cpu():
-    """Registering expert buffers is p2p's (the GPU suite tests it); the cpu
-    transport refuses with MC_ERR_UNSUPPORTED and the handle works on."""
-    def rank_fn(rank, comm):
-        with moecomm.AllToAll(comm, max_tokens=4, num_experts=2, experts_per_token=1, hidden=HIDDEN,
-                              token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32") as a2a:
-            x, y = a2a.alloc_expert_x(np.float32), a2a.alloc_expert_y()
-            with pytest.raises(moecomm.MoecommError) as e:
-                a2a.register_expert_buffers(x, None, y)
-            assert e.value.code == 4 and "cpu" in e.value.message
-            a2a.check()
-        return True
-
-    assert run_threads(1, rank_fn) == [True]

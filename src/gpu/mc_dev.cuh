@@ -127,10 +127,12 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   for (uint32_t it = 1;; it++) {
     v = mc_sig_load(a, sig);
     if (v >= target) return 0;
-    /* back off: hundreds of pollers in tight loops (other ranks' receive
-     * kernels on the same GPU) load the memory system the senders need */
+    /* back off where ranks share the GPU: hundreds of pollers in tight
+     * loops (other ranks' receive kernels) load the memory system the
+     * senders need. A rank alone on its GPU polls every 32-64 ns: each
+     * nap is time added to the wait it ends */
     __nanosleep(nap);
-    if (nap < 512) nap *= 2;
+    if (nap < a->nap_max) nap *= 2;
     if ((it & 15u) == 0) {
       if (mc_dev_failed(a->err)) return 1;
       if (mc_globaltimer_ns() > deadline) {
@@ -141,47 +143,56 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   }
 }
 
-/* Copy bytes (a multiple of 16, both ends 16-byte aligned) with a warp to n
- * destinations (dst[j] + off, j < n): four 16-byte loads in flight per lane
- * before their stores (a copy is a chain of memory latencies otherwise: the
- * compiler may not hoist a load above a store that could alias it), each
- * piece loaded once and stored n times: a record is read once for all the
- * ranks, or all the local experts, it goes to (perf-notes 16). */
-MC_DEV void mc_warp_copy16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
-                              int lane) {
+/* Copy one piece (bytes <= MC_SEG_BYTES, a multiple of 16, both ends
+ * 16-byte aligned) with a warp to n destinations (dst[j] + off): each lane
+ * loads its up to four 16-byte parts at once, then stores each n times. A
+ * copy is a chain of memory latencies unless its loads are in flight
+ * together (the compiler may not hoist a load above a store that could
+ * alias it); the piece is read once for all the ranks, or all the local
+ * experts, it goes to. */
+MC_DEV void mc_warp_piece16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint32_t bytes,
+                               int lane) {
   const int4 *s = (const int4 *)src;
-  const uint64_t cnt = bytes / 16;
-  uint64_t i = (uint64_t)lane;
-  for (; i + 96 < cnt; i += 128) {
-    int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+  const uint32_t cnt = bytes / 16;
+  int4 v[4];
+#pragma unroll
+  for (int q = 0; q < 4; q++)
+    if (lane + 32u * q < cnt) v[q] = s[lane + 32 * q];
+  for (int j = 0; j < n; j++) {
+    int4 *d = (int4 *)(dst[j] + off);
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+      if (lane + 32u * q < cnt) d[lane + 32 * q] = v[q];
+  }
+}
+/* The same for bytes a multiple of 4 (scales), 512 bytes a pass. */
+MC_DEV void mc_warp_piece4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
+                              int lane) {
+  const int *s = (const int *)src;
+  const uint64_t cnt = bytes / 4;
+  for (uint64_t b = 0; b < cnt; b += 128) {
+    int v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+      if (b + lane + 32u * q < cnt) v[q] = s[b + lane + 32 * q];
     for (int j = 0; j < n; j++) {
-      int4 *d = (int4 *)(dst[j] + off);
-      d[i] = a, d[i + 32] = b, d[i + 64] = c, d[i + 96] = e;
+      int *d = (int *)(dst[j] + off);
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (b + lane + 32u * q < cnt) d[b + lane + 32 * q] = v[q];
     }
   }
-  for (; i < cnt; i += 32) {
-    int4 a = s[i];
-    for (int j = 0; j < n; j++) ((int4 *)(dst[j] + off))[i] = a;
-  }
 }
-/* ... and to one destination */
+/* A whole buffer with a warp to one destination, a piece at a time. */
 MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane) {
   unsigned char *d = (unsigned char *)dst;
-  mc_warp_copy16_to(&d, 1, 0, src, bytes, lane);
-}
-/* Copy bytes (a multiple of 4, both ends 4-byte aligned) with a warp to n
- * destinations (dst[j] + off), each word loaded once. */
-MC_DEV void mc_warp_copy4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
-                             int lane) {
-  const int *s = (const int *)src;
-  for (uint64_t i = (uint64_t)lane; i < bytes / 4; i += 32) {
-    const int v = s[i];
-    for (int j = 0; j < n; j++) ((int *)(dst[j] + off))[i] = v;
-  }
+  for (uint64_t o = 0; o < bytes; o += MC_SEG_BYTES)
+    mc_warp_piece16_to(&d, 1, o, (const unsigned char *)src + o,
+                       (uint32_t)(bytes - o < MC_SEG_BYTES ? bytes - o : MC_SEG_BYTES), lane);
 }
 MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
   unsigned char *d = (unsigned char *)dst;
-  mc_warp_copy4_to(&d, 1, 0, src, bytes, lane);
+  mc_warp_piece4_to(&d, 1, 0, src, bytes, lane);
 }
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }

@@ -50,18 +50,9 @@ typedef struct mc_kargs {
   void *peers; /* transport-specific: p2p's table of peer window addresses */
   int direct;  /* 1: store into directly reachable peers; 0: always stage and put (MC_GPU_STAGED=1) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
-  int pull;      /* MC_GPU_PULL=1, every peer direct: receivers read records from senders' staging */
+  unsigned nap_max; /* longest nap between polls of a signal, ns: short where this rank has its GPU alone */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
-  int zc;          /* MC_ZC_*: registered expert buffers in use (mc_gpu_zc.cuh) */
-  void *const *zc_tab; /* [MC_ZC_NBUF][world_size]: every rank's expert_x, expert_scale, expert_y as mapped here */
 } mc_kargs_t;
-
-/* With registered expert buffers: combine always pulls; dispatch copies
- * through the window (MC_ZC_PULL) unless every rank asked for direct
- * stores into expert_x (MC_ZC_DISPATCH=direct: MC_ZC_DIRECT). */
-enum { MC_ZC_OFF = 0, MC_ZC_PULL = 1, MC_ZC_DIRECT = 2 };
-/* The registered buffers, in the order of mc_kargs_t.zc_tab's rows. */
-enum { MC_ZC_X = 0, MC_ZC_SCALE, MC_ZC_Y, MC_ZC_NBUF };
 
 /* The diagnostic trace: MC_TRACE_SLOTS stamps per kernel, see mc_trace_*. */
 enum { MC_TK_PREP = 0, MC_TK_PACK, MC_TK_DSEND, MC_TK_DRECV, MC_TK_CSEND, MC_TK_CRECV, MC_TK_N };

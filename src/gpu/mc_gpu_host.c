@@ -19,19 +19,13 @@ int mc_gpu_present(void) {
  * itself; 7 per 10 SMs when other ranks share the GPU, whose kernels need
  * room beside this rank's receivers spinning on their signals. Under MPS
  * (CUDA 13, H200) the SM count the device reports is already the client's
- * share: 14 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12, 16 at 12.5. But
- * the share is not a private set: at 12.5% every client's blocks ran on SMs
- * 0-15, so 8 ranks share those 16 SMs (perf-notes 37); room beside the
- * spinning receivers is then room on the same SMs. Measured
- * at EP8 on one H200, 128 tokens, 14 SMs (perf-notes 25): 6 blocks (the
- * formula before, which took the share twice) 142 / 207 us, 10 blocks
- * 116 / 168 us, 14 blocks 117 / 153 us with a dispatch p99 of 400-520 us, a
- * full wave of every kernel 105-125 / 151 us with p99 over 1 ms; at 16 SMs
- * 12 blocks 112 / 153 us against 118 / 167 with 10 (perf-notes 33).
- * MC_GPU_BLOCKS overrides. */
+ * share (16 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12.5), but not a
+ * private set: every client's blocks ran on the same 16 SMs, so room beside
+ * the spinning receivers is room on the same SMs. Measured at EP8 on one
+ * H200, 128 tokens: 12 blocks at 16 SMs 112 / 153 us against 118 / 167
+ * with 10; a full wave at 14 SMs had a dispatch p99 over 1 ms
+ * (docs/performance.md). */
 static int grid_size(int sms, int shared) {
-  const char *env = getenv("MC_GPU_BLOCKS");
-  if (env && atoi(env) > 0) return atoi(env);
   const int g = shared ? (7 * sms + 9) / 10 : sms;
   return g < 1 ? 1 : g;
 }
@@ -97,9 +91,7 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_FUSE=0: prep and send as two kernels (to measure one against the other; mc_gpu_fused.cuh) */
-  g->fuse = !(getenv("MC_GPU_FUSE") && strcmp(getenv("MC_GPU_FUSE"), "0") == 0);
-  /* MC_GPU_STAGED=1: stage and put even to reachable peers (to measure one against the other) */
+  /* MC_GPU_STAGED=1: stage and put even to reachable peers (the path a network takes, run on one node) */
   g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaMemset(g->ws, 0, mc_workspace_bytes(s));
@@ -121,34 +113,23 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   struct cudaDeviceProp p;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: cannot read the device's properties", comm->rank);
-  /* MC_GPU_PULL=1 (off by default: it pays at 4096 tokens and on one GPU,
-   * loses at 128 tokens across NVLink, perf-notes 17): with every peer
-   * directly reachable, dispatch-send stores only a record's staging index
-   * at each destination and dispatch-recv reads the record from the
-   * sender's staging straight into expert_x, so the record crosses memory
-   * once instead of twice (perf-notes 14). On only where every rank asks
-   * for it and none stages. */
-  const char *pull_env = getenv("MC_GPU_PULL");
   struct {
     unsigned char uuid[sizeof p.uuid.bytes];
     uint64_t host;
     int32_t pid;
-    int32_t pull;
   } mine, *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   memset(&mine, 0, sizeof mine);
   memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
   mine.host = mc_host_id();
   mine.pid = (int32_t)getpid();
-  mine.pull = !g->staged && pull_env && strcmp(pull_env, "1") == 0;
   mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
-  int same = rc == MC_SUCCESS, pull = rc == MC_SUCCESS, on_mine = 0, threads_here = 0;
+  int same = rc == MC_SUCCESS, on_mine = 0, threads_here = 0;
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
     const int here = memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
     same &= here;
     on_mine += here;
     threads_here += here && all[r].host == mine.host && all[r].pid == mine.pid;
-    pull &= all[r].pull;
   }
   free(all);
   /* Ranks that are threads of this process on this GPU split the SMs the
@@ -157,32 +138,12 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
    * receivers could hold every SM while a sender's kernel waited. */
   const int sms = threads_here > 1 ? (g->sms + threads_here - 1) / threads_here : g->sms;
   g->grid = grid_size(sms, on_mine > 1);
-  /* Where ranks share a GPU the registered combine-recv waits in one block
-   * before its grid starts: with dispatch fused the ranks reach combine
-   * spread out, and the early ranks' spinning grids kept a late rank's
-   * one-block combine-send off the SMs. At EP8 on one H200, 128 tokens:
-   * 127-128 us (p99 155-161) timed in halves against 153-156 (p99 438-716)
-   * without, 108 us (p99 136-140) timed whole against 113 (p99 288-333):
-   * perf-notes 39. One rank per GPU: no prewait. */
-  /* MC_GPU_PREWAIT overrides: 1 both receiving grids, crecv every
-   * combine-recv, 0 (or any other value) none */
-  const char *pw = getenv("MC_GPU_PREWAIT");
-  g->prewait = !pw                        ? (on_mine > 1 ? MC_PREWAIT_ZC_CRECV : 0)
-               : strcmp(pw, "1") == 0     ? MC_PREWAIT_DRECV | MC_PREWAIT_CRECV
-               : strcmp(pw, "crecv") == 0 ? MC_PREWAIT_CRECV
-                                          : 0;
-  /* MC_GPU_ZC_CRECV_BLOCKS: the registered combine-recv's grid alone
-   * (default: the others'). Without prewait 10 blocks instead of 12 halved
-   * its p99 at EP8 on one H200 (perf-notes 38); with prewait 12 is 8-9 us
-   * faster at the same tail (perf-notes 39). */
-  const char *zc_env = getenv("MC_GPU_ZC_CRECV_BLOCKS");
-  g->zc_crecv_grid = zc_env && atoi(zc_env) > 0 ? atoi(zc_env) : g->grid;
+  g->alone = on_mine == 1;
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
             g->grid, g->sms, on_mine, threads_here);
   const char *env = getenv("MC_GPU_SCOPE");
   g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
-  g->pull = pull;
   return rc;
 }
 
@@ -192,7 +153,7 @@ static const char *phase_name(int p) {
 }
 static const char *slot_name(int s) {
   static const char *n[] = {"dispatch meta", "dispatch records", "combine rows, counted in row segments",
-                            "combine entry (round barrier)", "barrier", "expert counts (registered buffers)"};
+                            "combine entry (round barrier)", "barrier"};
   return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 
@@ -253,10 +214,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->peers = g->peers;
   ka->direct = g->direct;
   ka->gpu_scope = g->gpu_scope;
-  ka->pull = g->pull;
+  ka->nap_max = g->alone ? 64 : 512;
   ka->trace = g->trace;
-  ka->zc = g->zc;
-  ka->zc_tab = g->zc_tab;
   if (d) {
     ka->tokens = d->tokens;
     ka->scales = d->scales;

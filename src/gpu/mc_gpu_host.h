@@ -7,35 +7,26 @@
 #include "../mc_internal.h"
 #include "mc_gpu.h"
 
-/* Which receiving grids wait in one block first (mc_gpu_prewait.cuh) */
-enum {
-  MC_PREWAIT_DRECV = 1,    /* dispatch-recv */
-  MC_PREWAIT_CRECV = 2,    /* combine-recv, copying or registered */
-  MC_PREWAIT_ZC_CRECV = 4  /* the registered combine-recv only (the default where ranks share a GPU) */
-};
-
 typedef struct mc_gpu {
   unsigned char *win;      /* this rank's window (symmetric heap or IPC-exported) */
   unsigned char *ws;       /* device workspace */
   mc_dev_error_t *err_h;   /* host view of the mapped error slot */
   mc_dev_error_t *err_d;   /* device view */
   int sms;                 /* SMs this process may use (the MPS share, where there is one) */
-  int grid;                /* blocks of the big kernels (MC_THREADS each) */
-  int zc_crecv_grid;       /* the same for the registered combine-recv (MC_GPU_ZC_CRECV_BLOCKS overrides) */
-  int prewait;             /* MC_PREWAIT_* bits: which receiving grids mc_k_prewait goes before (this rank
-                              only; set by mc_gpu_decide_scope) */
-  int fuse;                /* prep and send in one launch where they fit (MC_GPU_FUSE=0: two): mc_gpu_fused.cuh */
+  /* the launch plan, decided once at create (mc_gpu_decide_scope, mc_gpu_kernel_limits) */
+  int grid;                /* blocks of the big kernels (MC_THREADS each; combine-send twice as many of half) */
+  int alone;               /* no other rank on this GPU */
+  int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
+  int coop_dispatch;       /* MC_SEND_RECV dispatch as one cooperative kernel */
+  int coop_combine;        /* MC_SEND_RECV combine as one cooperative kernel */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
-  int pull;                /* dispatch pulls records (MC_GPU_PULL=1, experimental): see mc_gpu_decide_scope */
   void *peers;             /* kernel argument: p2p's device table of peer windows */
   void *tstate;            /* the transport's own host state (p2p: mappings) */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
   void *trace_file;        /* FILE *: one line per mc_a2a_check */
   uint64_t trace_rounds;
-  int zc;                  /* MC_ZC_*: registered expert buffers mapped, and how dispatch uses them */
-  void *const *zc_tab;     /* kernel argument: [MC_ZC_NBUF][W] device table of them */
 } mc_gpu_t;
 
 /* Allocate workspace and error slot, size the grid. a2a->impl is set. */
@@ -52,9 +43,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
- * MC_GPU_SCOPE=sys asks for system scope anyway; g->pull when every
- * rank asks for it (MC_GPU_PULL=1) and none stages; and g->grid, smaller
- * where other ranks share this GPU. */
+ * MC_GPU_SCOPE=sys asks for system scope anyway; g->alone when no other
+ * rank runs on this GPU; and g->grid, smaller where other ranks share it. */
 mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);

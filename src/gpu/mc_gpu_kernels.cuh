@@ -12,11 +12,22 @@
  *
  * Where a peer is directly reachable the kernels store into its window and,
  * once per block, add what they stored to its signal with a release RMW (no
- * staging copy); elsewhere they stage and put. a->staged says whether any
- * peer needs staging (never on p2p, where every peer is mapped). Waits use
- * mc_dev_wait_ge on this rank's own window. The protocol is
- * the cpu transport's, step for step (src/mc_cpu_dispatch.c and
+ * staging copy); elsewhere they stage and put (never on p2p, where every
+ * peer is mapped). Waits use mc_dev_wait_ge on this rank's own window. The
+ * protocol is the cpu transport's, step for step (src/mc_cpu_dispatch.c and
  * src/mc_cpu_combine.c say it in prose); the layout is src/mc_layout.h.
+ * The copies are cut in pieces of MC_SEG_BYTES, a warp each, so that a
+ * batch of 128 tokens keeps hundreds of warps busy instead of 128: a record
+ * is a header piece and mc_token_segs payload pieces, a combine row
+ * mc_row_segs pieces, and the signals count pieces.
+ *
+ * Launches (mc_gpu_launch.cuh): where a call's tokens fit one prep chunk,
+ * dispatch-send is one kernel (prep in every block, then the pieces), and
+ * a call with both halves (MC_SEND_RECV) on a rank that has its GPU alone
+ * runs each phase as one cooperative kernel: the send part, then the recv
+ * part in the same blocks. Every block of such a kernel is resident (the
+ * cooperative launch guarantees it), so a block waiting in its recv part
+ * never holds back a block of its own grid that still owes a send.
  *
  * Why round i+1 cannot overwrite what a peer still reads from round i
  * (the same argument as on the cpu, now across kernels):
@@ -52,15 +63,20 @@
 #define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: 2 blocks of 256 per SM at <= 128 registers */
 
 /* Dynamic shared memory, beside the kernels that carve it (prep's: mc_gpu_prep.cuh).
- * dispatch-send and combine-send: count[W], what this block sent each rank;
+ * dispatch-send (chunked) and combine-send: sent[W], what this block stored into each rank;
  * dispatch-recv: base[W][L], prefix[W + 1]. */
 static inline size_t mc_send_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * (size_t)s->world_size; }
 static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
   return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
 }
+/* the one-launch dispatch: the prep's carving, then (with the recv part) the recv's in the same memory */
+static inline size_t mc_one_dispatch_smem_bytes(const mc_shape_t *s, int recv) {
+  const size_t a = mc_one_smem_bytes(s), b = mc_drecv_smem_bytes(s);
+  return recv && b > a ? b : a;
+}
 
-/* ---- dispatch-send, part 2a: pack payloads into staging (whole grid),
- * launched only when some peer is reached by puts ---- */
+/* ---- dispatch-send, chunked path: pack payloads into staging (whole
+ * grid), launched only when some peer is reached by puts ---- */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -81,14 +97,13 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
   mc_trace_end(&a, MC_TK_PACK);
 }
 
-/* End of a send kernel: after every warp of the block stored its share,
- * one release per directly reachable rank this block sent to, adding what
- * it sent (records, or row segments) to that rank's running total. A
- * signal per block instead of per record or segment: each is a fence that
- * waits for the stores before it, and the receivers wait for a source's
- * whole total before reading any of it, so finer signals bought nothing
- * (perf-notes). The fence after the block barrier orders the other warps'
- * stores too (they happen before it through bar.sync: cumulativity). */
+/* End of a send part: after every warp of the block stored its share, one
+ * release per directly reachable rank this block sent to, adding what it
+ * stored (record or row pieces) to that rank's running total. A signal per
+ * block, not per piece: each is a fence that waits for the stores before
+ * it, and the receivers wait for a source's whole total before reading any
+ * of it. The fence after the block barrier orders the other warps' stores
+ * too (they happen before it through bar.sync: cumulativity). */
 MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
   __syncthreads();
   for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x) {
@@ -98,62 +113,90 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
   }
 }
 
-/* ---- dispatch-send, part 2b: one warp per token ----
- * The record is loaded once (header from staging, payload and scales from
- * the caller's buffers) and stored straight into the window of every
- * directly reachable destination; any other gets the staged record by
- * put-with-signal; in pull mode a direct destination gets only the
- * record's index in this rank's staging (packed by mc_k_dispatch_pack) and
- * reads the record from there into its expert_x. Direct records are
- * counted per block and signalled at the end (mc_block_signal_counts).
- * (A warp per (token, rank) read each token once per rank: dispatch 165 ->
- * 149 us at EP8 on one GPU, equal at EP2; perf-notes 16.) */
-MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a) {
+/* ---- dispatch-send: the records, a warp per (token, payload piece) ----
+ * Piece j of token t is its payload bytes [j, j + 1) x MC_SEG_BYTES (the
+ * last piece also the scales), loaded once and stored into the record slot
+ * of every directly reachable destination. A destination reached only by
+ * puts (chunked path) gets the whole staged record from the warp of piece
+ * 0, adding all its pieces at once. Headers: the one-launch prep stored
+ * them already (hdr_staged 0); on the chunked path (1) the warp of piece 0
+ * copies the staged header too. Each block counts the pieces it stored per
+ * destination in sent[] for mc_block_signal_counts. */
+MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const mc_route_tab_t &tab, const int begin, const int end,
+                                    const int hdr_staged, uint32_t *sent) {
+  const mc_shape_t *s = &a.s;
+  const int K = s->topk, S = mc_token_segs(s), lane = threadIdx.x & 31;
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
+  const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
+  for (int it = gw; it < (end - begin) * S; it += nw) {
+    const int tt = it / S, j = it % S, t = begin + tt;
+    const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
+    unsigned char *dst[MC_MAX_TOPK];
+    int n = 0;
+    const int nd = tab.ndest[t];
+    for (int q = 0; q < nd; q++) {
+      const int d = tab.dests[(int64_t)t * K + q];
+      const uint64_t off = mc_disp_recv_off(s, a.rank, (int)tab.ridx[(int64_t)tt * K + q]);
+      unsigned char *peer = mc_t_peer_window(&a, d);
+      if (!peer) {
+        if (j == 0) mc_t_put_signal_warp(&a, off, rec, rec_bytes, MC_SIG_DISP_RECS, mc_record_pieces(s), MC_SIG_ADD, d);
+        continue;
+      }
+      if (lane == 0) atomicAdd(&sent[d], hdr_staged && j == 0 ? 2u : 1u);
+      dst[n++] = peer + off;
+    }
+    if (!n) continue;
+    if (hdr_staged && j == 0) mc_warp_piece16_to(dst, n, 0, rec, (uint32_t)hdr, lane);
+    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
+    mc_warp_piece16_to(dst, n, poff + po, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po,
+                       (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
+    if (j == S - 1 && s->scale_bytes)
+      mc_warp_piece4_to(dst, n, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes, s->scale_bytes,
+                        lane);
+  }
+}
+
+/* What a receiving part waits for from rank src, written once. Each
+ * returns 1 on a failure (recorded). */
+MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
+                        round);
+}
+/* after src's meta: every piece of every record it announced there (the
+ * running total moves on after dispatch-recv) */
+MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
+  const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(&a.s, src)))[0];
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src),
+                        seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records * mc_record_pieces(&a.s),
+                        MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
+}
+/* combine-recv: every row segment src owes this rank */
+MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
+  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
+  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(&a.s));
+  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
+                        seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s),
+                        MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round);
+}
+
+/* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
   mc_trace_start(&a, MC_TK_DSEND);
-  extern __shared__ uint32_t count[]; /* [W] records this block stored into each rank */
-  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x) count[p] = 0;
+  extern __shared__ uint32_t sent[];
+  const int W = s->world_size, lane = threadIdx.x & 31;
+  for (int p = threadIdx.x; p < W; p += blockDim.x) sent[p] = 0;
   __syncthreads();
-  const int K = s->topk, W = s->world_size, lane = threadIdx.x & 31;
-  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  const int m_eff = (int)sc[MC_WS_M_EFF];
   const uint64_t round = *mc_ws_round(&a);
   int begin, end;
-  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
-  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
-  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  const uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
-  const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
-  for (int t = begin + gw; t < end; t += nw) {
-    const unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-    unsigned char *dst[MC_MAX_TOPK];
-    int n = 0;
-    for (int j = 0; j < n_dests[t]; j++) {
-      const int d = dests[(int64_t)t * K + j];
-      const uint64_t dst_off = mc_disp_recv_off(s, a.rank, (int)ridx[(int64_t)(t - begin) * K + j]);
-      unsigned char *peer = mc_t_peer_window(&a, d);
-      if (!peer) {
-        mc_t_put_signal_warp(&a, dst_off, rec, rec_bytes, MC_SIG_DISP_RECS, 1, MC_SIG_ADD, d);
-        continue;
-      }
-      if (lane == 0) atomicAdd(&count[d], 1u);
-      if (a.pull) {
-        if (lane == 0) *(uint32_t *)(peer + dst_off) = (uint32_t)(t - begin);
-        continue;
-      }
-      dst[n++] = peer + dst_off;
-    }
-    if (!n) continue;
-    mc_warp_copy16_to(dst, n, 0, rec, hdr, lane);
-    mc_warp_copy16_to(dst, n, mc_record_payload_off(s),
-                      (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes, s->token_bytes, lane);
-    if (s->scale_bytes)
-      mc_warp_copy4_to(dst, n, mc_record_scale_off(s), (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
-                       s->scale_bytes, lane);
-  }
-  /* metas to every rank (zero records included), one warp per rank */
+  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
+  mc_dispatch_send_pieces(a, mc_tab_global(a), begin, end, 1, sent);
+  /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
+  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
     unsigned char *peer = mc_t_peer_window(&a, d);
     if (peer) {
@@ -165,48 +208,23 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a) {
                            MC_SIG_DISP_META, round, MC_SIG_SET, d);
     }
   }
-  mc_block_signal_counts(a, count, MC_SIG_DISP_RECS);
+  mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
 }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a); }
 
-/* What a receiving half waits for from rank src, written once: the kernels
- * below wait with these, and so does MC_GPU_PREWAIT's one block
- * (mc_gpu_prewait.cuh). Each returns 1 on a failure (recorded). */
-MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
-                        round);
-}
-/* after src's meta: every record it announced there (the running total moves on after dispatch-recv) */
-MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
-  const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(&a.s, src)))[0];
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src),
-                        seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records, MC_PHASE_DRECV, src,
-                        MC_SIG_DISP_RECS, round);
-}
-/* copying combine-recv: every row segment src owes this rank */
-MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
-  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(&a.s));
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                        seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s),
-                        MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round);
-}
-
-/* ---- dispatch-recv (whole grid) ----
+/* ---- dispatch-recv (whole grid), a warp per (record, payload piece) ----
  * Every block waits for all metas and computes the slot bases itself (a few
  * hundred integers: cheaper than a grid-wide barrier); warps then take
- * records in (source, index) order, wait until that source's records have
- * all landed, and copy payload and scales into their slots. The last block
- * to finish moves the running totals on. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+ * (record, piece) in (source, index) order, wait until that source's
+ * pieces have all landed, read the record's targets (a lane per k), and
+ * copy their piece into every slot of this rank's experts; the warp of
+ * piece 0 writes the record's route entry for combine. The last block to
+ * finish moves the running totals on. */
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  if (sc[MC_WS_BAD]) return;
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
-  const int tid = threadIdx.x, lane = tid & 31;
-  const uint64_t round = *mc_ws_round(&a);
+  const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
   extern __shared__ uint32_t smem[];
   uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
   __shared__ int abort_;
@@ -233,43 +251,58 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
   __syncthreads();
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
   int waited_src = -1;
-  for (int i = gw; i < total; i += nw) {
-    int src = 0;
-    while (prefix[src + 1] <= (uint32_t)i) src++;
+  for (int it = gw; it < total * S; it += nw) {
+    const int i = it / S, j = it % S;
+    int src = 0, hi = W - 1; /* the last source whose records start at or before i */
+    while (src < hi) {
+      const int mid = (src + hi + 1) / 2;
+      if (prefix[mid] <= (uint32_t)i) src = mid;
+      else hi = mid - 1;
+    }
     if (src != waited_src) {
       int fail = 0;
-      if (lane == 0) fail = mc_wait_records(a, src, round); /* prefix[src + 1] - prefix[src] of them */
+      if (lane == 0) fail = mc_wait_records(a, src, round);
       if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
+      __syncwarp(); /* lane 0's acquire before every lane's loads of the records */
       waited_src = src;
     }
     const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
-    if (a.pull) /* the slot holds the record's index in the source's staging */
-      rec = mc_t_peer_window(&a, src) + mc_disp_send_off(s, (int)*(const uint32_t *)rec);
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
-    mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-    /* the record's slots in expert_x (and expert_scale), then one copy
-     * that reads it once for all of them */
-    unsigned char *xdst[MC_MAX_TOPK], *sdst[MC_MAX_TOPK];
-    int n = 0;
-    for (int k = 0; k < K; k++) {
-      mc_target_t tg = h->targets[k];
-      if (tg.expert / L != a.rank) continue;
-      int l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
-      xdst[n] = (unsigned char *)a.expert_x + ((uint64_t)l * cap + slot) * s->token_bytes;
-      sdst[n] = (unsigned char *)a.expert_scale + ((uint64_t)l * cap + slot) * s->scale_bytes;
-      if (lane == 0) r->targets[n] = mc_target_t{l, slot, tg.weight};
-      n++;
+    /* lane k reads target k: this rank's experts among them, ascending id */
+    mc_target_t tg = {0, 0, 0.0f};
+    int here = 0, l = 0, slot = 0;
+    if (lane < K) {
+      tg = h->targets[lane];
+      here = tg.expert / L == a.rank;
+      if (here) l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
     }
-    mc_warp_copy16_to(xdst, n, 0, rec + mc_record_payload_off(s), s->token_bytes, lane);
-    if (s->scale_bytes) mc_warp_copy4_to(sdst, n, 0, rec + mc_record_scale_off(s), s->scale_bytes, lane);
-    if (lane == 0) {
-      r->src_rank = src;
-      r->token = h->token;
-      r->n_targets = n;
+    const uint32_t km = __ballot_sync(0xffffffffu, here);
+    const int n = __popc(km);
+    unsigned char *xdst[MC_MAX_TOPK], *sdst[MC_MAX_TOPK];
+    uint32_t rest = km;
+    for (int q = 0; q < n; q++) {
+      const int from = __ffs(rest) - 1;
+      rest &= rest - 1;
+      const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, l, from) * cap + (uint64_t)__shfl_sync(0xffffffffu, slot, from);
+      xdst[q] = (unsigned char *)a.expert_x + at * s->token_bytes;
+      sdst[q] = s->scale_bytes ? (unsigned char *)a.expert_scale + at * s->scale_bytes : NULL;
+    }
+    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
+    mc_warp_piece16_to(xdst, n, po, rec + poff + po, (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
+    if (j == S - 1 && s->scale_bytes) mc_warp_piece4_to(sdst, n, 0, rec + soff, s->scale_bytes, lane);
+    if (j == 0) {
+      mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+      if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};
+      if (lane == 0) {
+        r->src_rank = src;
+        r->token = h->token;
+        r->n_targets = n;
+      }
     }
   }
-  /* last block out: running totals of records move on by this round's counts */
+  /* last block out: running totals of record pieces move on by this round's counts */
   mc_trace_end(&a, MC_TK_DRECV);
   __syncthreads();
   if (tid == 0) {
@@ -277,11 +310,46 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_DISP_RECS * W + src] += prefix[src + 1] - prefix[src];
+      for (int src = 0; src < W; src++)
+        seen_w[MC_SIG_DISP_RECS * W + src] += (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
       sc[MC_WS_N_ROUTE] = (uint32_t)total;
       sc[MC_WS_DONE_DRECV] = 0;
     }
   }
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
+  mc_dispatch_recv_body(a, *mc_ws_round(&a));
+}
+
+/* ---- dispatch in one launch, where the group's tokens fit one prep
+ * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
+ * then stores its pieces; the last block out writes the round number
+ * (every block has read the old one by then). recv (a cooperative launch,
+ * MC_SEND_RECV on a rank alone on its GPU): then the recv part, in the
+ * same blocks. ---- */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch(mc_kargs_t a, int recv) {
+  const mc_shape_t *s = &a.s;
+  const uint64_t round = *mc_ws_round(&a) + 1;
+  const int m_eff = mc_dispatch_prep(a, MC_PREP_ONE, round);
+  if (m_eff < 0) return; /* refused: every block saw it, block 0 recorded it */
+  extern __shared__ uint32_t smem[];
+  int begin, end;
+  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+  mc_trace_start(&a, MC_TK_DSEND);
+  uint32_t *sent = mc_one_sent(smem, s);
+  mc_dispatch_send_pieces(a, mc_tab_shared(smem, s), begin, end, 0, sent);
+  mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
+  mc_trace_end(&a, MC_TK_DSEND);
+  __syncthreads(); /* sent[] read before the recv part reuses the memory */
+  if (threadIdx.x == 0) {
+    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+    if (atomicAdd(&sc[MC_WS_DONE_DSEND], 1u) == gridDim.x - 1) {
+      sc[MC_WS_DONE_DSEND] = 0;
+      *mc_ws_round(&a) = round;
+    }
+  }
+  if (recv) mc_dispatch_recv_body(a, round);
 }
 
 /* ---- combine-send (whole grid): one warp per (received record, row segment) ----
@@ -297,7 +365,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
 MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
+  const int W = s->world_size, G = s->group_size, K = s->topk, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
   const uint64_t round = *mc_ws_round(&a);
   const int n_route = (int)sc[MC_WS_N_ROUTE];
   mc_trace_start(&a, MC_TK_CSEND);
@@ -319,17 +387,26 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   for (int it = gw; it < n_route * segs; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    /* the entry and its targets in one round trip: lane k loads target k */
+    const mc_target_t mine = lane < K ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
-    for (int k = 0; k < n; k++) {
-      const mc_target_t tg = r->targets[k];
-      mc_seg_axpy(acc, tg.weight,
-                  (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
-                  dt);
+    const unsigned char *y = (const unsigned char *)a.expert_y;
+    for (int k = 0; k < n; k += 2) { /* ascending local expert, two rows' loads in flight */
+      const float w0 = __shfl_sync(0xffffffffu, mine.weight, k);
+      const uint64_t at0 = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, k) * cap + __shfl_sync(0xffffffffu, mine.pos, k);
+      if (k + 1 < n) {
+        const float w1 = __shfl_sync(0xffffffffu, mine.weight, k + 1);
+        const uint64_t at1 =
+            (uint64_t)__shfl_sync(0xffffffffu, mine.expert, k + 1) * cap + __shfl_sync(0xffffffffu, mine.pos, k + 1);
+        mc_seg_axpy2(acc, w0, y + at0 * row_bytes, w1, y + at1 * row_bytes, seg, dt);
+      } else {
+        mc_seg_axpy(acc, w0, y + at0 * row_bytes, seg, dt);
+      }
     }
     bool any_staged = false;
     for (int p = first; p < first + G; p++) {
@@ -416,6 +493,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
+    /* one row at a time: two rows' loads in flight spilled here (combine-send can afford it) */
     for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, dt);
     mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
@@ -455,6 +533,19 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_
   MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
 }
 
+/* ---- combine in one launch (a cooperative kernel: MC_SEND_RECV on a rank
+ * alone on its GPU): the send part, then the recv part, in the same
+ * blocks; combine-send's grid and shape. ---- */
+static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine(mc_kargs_t a) {
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
+  switch (a.in_dtype) {
+  case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
+  case MC_DTYPE_FP16: mc_combine_send_body(a, MC_DTYPE_FP16); break;
+  default: mc_combine_send_body(a, MC_DTYPE_FP32); break;
+  }
+  MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
+}
+
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
  * peer's slot, then waits for every peer's. Counts only grow, so a SET of
  * call n+1 cannot be confused with call n's. ---- */
@@ -473,8 +564,5 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n)) return;
 }
 
-#include "mc_gpu_zc.cuh" /* the same round over registered expert buffers */
-#include "mc_gpu_prewait.cuh" /* receivers that wait in one block first */
-#include "mc_gpu_fused.cuh"   /* prep and send in one launch */
 
 #endif

@@ -1,20 +1,38 @@
-/* mc_gpu_prep.cuh - dispatch-send's first kernel: checks, routes and record
- * positions, one block. Part of mc_gpu_kernels.cuh (static: compiled into
- * each GPU transport). */
+/* mc_gpu_prep.cuh - dispatch-send's first step: check every valid token's
+ * top-k, route it (its destination ranks), and give each record its
+ * position among this rank's records to each expert and each destination
+ * (token order: the slots are deterministic). Part of mc_gpu_kernels.cuh.
+ *
+ * Two ways to run it (mc_gpu_launch.cuh picks):
+ * - one launch (MC_PREP_ONE): where the group's tokens fit one prep chunk
+ *   (256 at the DeepSeek-V3 shape) every block of the dispatch kernel preps
+ *   all of them in its own shared memory, then sends its share. No block
+ *   waits for another and nothing is read back from global memory: a
+ *   handoff from one prepping block to the others cost 1.5-3 us at EP2
+ *   (the flag, fences, then the tables reloaded: docs/performance.md).
+ *   Block 0 also publishes what later kernels and the peers need.
+ * - chunked (MC_PREP_CHUNKS): a prep kernel of one block per chunk; the
+ *   last block to finish scans the chunks' counts into each chunk's bases
+ *   (mc_prep_scan_chunks) and a small fix kernel adds them; the tables go
+ *   to the workspace and the headers to staging, for the send kernel.
+ *
+ * The scan: lane t of a scanning warp owns token t; it ORs its bit into its
+ * warp's mask of each of its experts and ranks (one OR per group of lanes
+ * that share a column: __match_any_sync, since 32 lanes ORing one rank's
+ * word serialise); its place among the warp's tokens is a popcount of the
+ * lower lanes, and one thread per column turns the warps' counts into
+ * bases. */
 #ifndef MC_GPU_PREP_CUH
 #define MC_GPU_PREP_CUH
 
 #include "../mc_route.h"
 #include "mc_gpu_rows.cuh"
 
-/* ---- dispatch-send, part 1: check, route, positions ----
- * The prep kernel's scan: one block per chunk of (scanning warps) x 32
- * tokens, MC_PREP_THREADS threads, warps of 32 tokens each, per-warp lane
- * masks per expert and per destination rank in shared memory. MC_PREP_SMEM
- * caps the masks, so many experts mean fewer scanning warps (smaller
- * chunks, never below MC_PREP_MIN_CHUNK), never a failed launch. */
-#define MC_PREP_THREADS 256 /* up to 255 registers: the per-k state of MC_MAX_TOPK stays in them */
-#define MC_PREP_SMEM (40u << 10)
+#define MC_PREP_THREADS 256 /* the chunked prep kernel's blocks */
+#define MC_PREP_SMEM (40u << 10) /* cap on the per-warp masks: many experts mean fewer scanning warps */
+enum { MC_PREP_ONE = 0, MC_PREP_CHUNKS = 1 };
+
+/* Scanning warps per chunk (<= 8), and tokens per chunk (>= MC_PREP_MIN_CHUNK). */
 static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
   const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
   const size_t fixed = sizeof(uint32_t) * (cols + (size_t)s->world_size); /* running counts, expected rows */
@@ -22,23 +40,55 @@ static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
   if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
   return w < 1 ? 1 : (int)w;
 }
-/* Tokens per prep block: its scanning warps x 32 (>= MC_PREP_MIN_CHUNK). */
 static inline __host__ __device__ int mc_prep_chunk(const mc_shape_t *s) { return mc_prep_warps(s) * 32; }
-/* Dynamic shared memory of the two kernels that carve it, beside the carving:
- * prep: count[E + W], rexp[W], mask[warps][E + W] (more than the default
- * 48 KB only near the limits of 4096 experts and 1024 ranks: the host then
- * raises the kernel's limit). */
-static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) {
-  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
-  return sizeof(uint32_t) * (cols + (size_t)s->world_size + cols * (size_t)mc_prep_warps(s));
+
+/* Shared memory, in 32-bit words from the start:
+ *   count[C]      C = E + W columns (experts, then ranks): totals after the scan
+ *   rexp[W]       rows each rank will send back to this group (combine's expect)
+ *   mask[NW][C]   per scanning warp: lane masks, then that warp's bases
+ * and for the one-launch path the tables the send step reads:
+ *   sent[W]       pieces this block stored into each rank (mc_gpu_kernels.cuh)
+ *   ridx[P][K]    per token of this rank's share: record index at each destination
+ *   dests[P][K]   (uint16) per token of the group: destination ranks, ascending
+ *   ndest[P]      (uint16) how many
+ * (P: tokens per chunk). */
+static inline __host__ __device__ size_t mc_prep_words(const mc_shape_t *s) {
+  const size_t C = (size_t)s->num_experts + (size_t)s->world_size;
+  return C + (size_t)s->world_size + C * (size_t)mc_prep_warps(s);
+}
+static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * mc_prep_words(s); }
+static inline __host__ __device__ size_t mc_one_smem_bytes(const mc_shape_t *s) {
+  const size_t P = (size_t)mc_prep_chunk(s), K = (size_t)s->topk;
+  return mc_align_up(sizeof(uint32_t) * (mc_prep_words(s) + (size_t)s->world_size + P * K) +
+                         sizeof(uint16_t) * (P * K + P),
+                     16);
 }
 
-/* Several prep blocks: each stores its chunk's counts (smem holds them as
- * one row of pcount: experts, ranks, rows expected back) and its verdict;
- * the last block to arrive turns every column into each chunk's base (a
- * scan over chunks) and leaves the totals in smem and the round's verdict
- * in *bad. Returns 1 in the last block only. (One block alone skips this
- * and keeps its counts in shared memory.) */
+/* Where the send step finds, per token, its destinations and record
+ * indices: shared memory (one launch) or the workspace (chunked). */
+typedef struct mc_route_tab {
+  uint16_t *dests;  /* [t][K] */
+  uint16_t *ndest;  /* [t] */
+  uint32_t *ridx;   /* [t - begin][K] */
+} mc_route_tab_t;
+
+MC_DEV mc_route_tab_t mc_tab_global(const mc_kargs_t &a) {
+  return mc_route_tab_t{(uint16_t *)(a.ws + mc_ws_dests_off(&a.s)), (uint16_t *)(a.ws + mc_ws_ndests_off(&a.s)),
+                        (uint32_t *)(a.ws + mc_ws_ridx_off(&a.s))};
+}
+MC_DEV uint32_t *mc_one_sent(uint32_t *smem, const mc_shape_t *s) { return smem + mc_prep_words(s); }
+MC_DEV mc_route_tab_t mc_tab_shared(uint32_t *smem, const mc_shape_t *s) {
+  const int P = mc_prep_chunk(s), K = s->topk;
+  uint32_t *ridx = mc_one_sent(smem, s) + s->world_size;
+  uint16_t *dests = (uint16_t *)(ridx + (size_t)P * K);
+  return mc_route_tab_t{dests, dests + (size_t)P * K, ridx};
+}
+
+/* Chunked: each block stores its chunk's counts (one row of pcount:
+ * experts, ranks, rows expected back) and its verdict; the last block to
+ * arrive turns every column into each chunk's base (a scan over chunks),
+ * leaves the totals in smem and the round's verdict in *bad. Returns 1 in
+ * the last block only. */
 MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int cols, int *bad) {
   const int tid = threadIdx.x;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
@@ -78,88 +128,89 @@ MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int co
   return 1;
 }
 
-/* Registered expert buffers (mc_gpu_zc.cuh): this rank's records per
- * global expert, into every rank's zc_cnt, then a round-tagged SET. Here,
- * in the prep kernel's last block, so that the send kernels that wait for
- * them never wait on a block of their own grid. */
-MC_DEV void mc_zc_send_counts(const mc_kargs_t &a, const uint32_t *count, uint64_t round) {
+/* The rest of the round's state, once the counts are final and the round
+ * is accepted: rows expected back, records sent (stats), m_eff, and the
+ * verdict for the later kernels. One block. (The round number itself is
+ * written where every block of the kernel has read it: the chunked prep's
+ * last block, the one-launch kernel's last block out.) */
+MC_DEV void mc_prep_publish(const mc_kargs_t &a, const uint32_t *count, const uint32_t *rexp, int m_eff) {
   const mc_shape_t *s = &a.s;
-  const int E = s->num_experts, W = s->world_size;
-  for (int i = threadIdx.x; i < W * E; i += blockDim.x)
-    ((uint32_t *)(mc_t_peer_window(&a, i / E) + mc_zc_cnt_off(s, round, a.rank)))[i % E] = count[i % E];
-  __syncthreads();
-  for (int p = threadIdx.x; p < W; p += blockDim.x) {
-    mc_fence_peers(&a); /* the other threads' count stores, ordered by the barrier, before the signal */
-    mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(s, MC_SIG_ZC_CNT, a.rank)), round);
+  const int W = s->world_size, E = s->num_experts;
+  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
+  for (int dst = threadIdx.x; dst < W; dst += blockDim.x) expect[dst] = rexp[dst];
+  if (threadIdx.x == 0) {
+    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+    sc[MC_WS_BAD] = 0;
+    sc[MC_WS_M_EFF] = (uint32_t)m_eff;
+    uint64_t recs = 0;
+    for (int dst = 0; dst < W; dst++) recs += count[E + dst];
+    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
+    st[MC_STAT_DREC] += recs;
+    st[MC_STAT_DBYTES] += recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s);
   }
 }
 
-/* Checks every valid token's top-k before anything is sent: a bad round
- * sets MC_WS_BAD and the send kernel then sends nothing. Computes every
- * token's destination ranks and the rows expected back (all members of a
- * group need them for combine); for this rank's chunk, gives each record
- * its position per expert and its index per destination rank in token
- * order (the order makes the slots deterministic), writes the record
- * headers into staging, and the metas.
- * One block per chunk of (scanning warps x 32) tokens, lane t owning token
- * t: it loads its ids and weights once, checks and routes them, and ORs its
- * bit into its warp's mask of each of its experts and ranks; its place
- * among the warp's tokens is then a popcount of the lower lanes, and one
- * thread per column (expert or rank) turns the warps' counts into bases
- * within the chunk. No serial walk over tokens (one warp walking them took
- * 20-30 us: perf-notes). Each block stores its chunk's column counts; the
- * last block to finish turns them into every chunk's bases (a scan over
- * chunks per column) and publishes totals, metas and the round; where
- * there is more than one chunk, mc_k_dispatch_prep_fix then adds each
- * chunk's bases to its tokens' positions. (One block walking the chunks
- * took 10 us each: 166 us at 4096 tokens, perf-notes 15.)
- * Headers, routes and row counts are written even when a later token turns
- * out bad: nothing reads them before the next accepted round rewrites them,
- * and the refused round leaves round number, metas and stats alone.
- * chunks: the prep blocks of the round, one per chunk; 1 in the fused
- * kernel (mc_gpu_fused.cuh), where whichever block started first preps. */
-MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int chunks) {
+/* Meta of destination dst, word l: records to it, then per its local expert. */
+MC_DEV uint32_t mc_meta_word(const mc_shape_t *s, const uint32_t *count, int dst, int l) {
+  return l == 0 ? count[s->num_experts + dst] : count[dst * mc_num_local_experts(s) + l - 1];
+}
+
+/* The prep. mode MC_PREP_CHUNKS: block b scans chunk b; tables to the
+ * workspace, headers to staging, the last block publishes and leaves the
+ * metas in staging for the send kernel. mode MC_PREP_ONE: every block
+ * scans every token (one chunk); tables to this block's shared memory;
+ * token t's header is stored into each destination's record slot by the
+ * block t % gridDim.x (counted in sent[] as one piece); block 0 publishes,
+ * stores the metas into the peers' windows and signals them. Returns
+ * m_eff, or -1 where the round is refused (bad input: nothing sent; the
+ * failure is recorded and MC_WS_BAD set) or this block has nothing more
+ * to do (chunked, not the last block). round: the round being prepared. */
+MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mode, const uint64_t round) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
+  const bool one = mode == MC_PREP_ONE;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   extern __shared__ uint32_t smem[];
-  uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W; /* count: experts then ranks */
+  uint32_t *count = smem, *rexp = smem + C, *mask = smem + C + W;
+  const mc_route_tab_t tab = one ? mc_tab_shared(smem, s) : mc_tab_global(a);
+  uint32_t *sent = mc_one_sent(smem, s);
   __shared__ int bad;
   mc_trace_start(&a, MC_TK_PREP);
   if (tid == 0) bad = 0;
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
+  if (one)
+    for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;
   const int m_eff = a.bound_m ? *a.bound_m : a.m;
-  /* the round number moves on only once the input is accepted: a refused
-   * round leaves this rank exactly as it was */
-  const uint64_t round = *mc_ws_round(&a) + 1;
   if (m_eff < 0 || m_eff > a.m) {
-    if (tid == 0) {
+    if (tid == 0 && blockIdx.x == 0) {
       mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
       sc[MC_WS_BAD] = 1;
     }
-    return;
+    return -1;
   }
   int begin, end;
   mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
-  uint16_t *dests = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *n_dests = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
-  uint32_t *wm = mask + (size_t)warp * C; /* this warp's masks (warps < NW) */
-  const int base = (chunks > 1 ? (int)blockIdx.x : 0) * mc_prep_chunk(s); /* this block's chunk (one: any block) */
+  uint32_t *wm = mask + (size_t)(warp < NW ? warp : 0) * C; /* this warp's masks (warps < NW) */
+  const int base = (one ? 0 : (int)blockIdx.x) * mc_prep_chunk(s); /* this block's chunk */
+  const bool scanning = warp < NW;
+  /* Per k, in registers (loops unrolled to MC_MAX_TOPK, guarded by K: no
+   * dynamically indexed arrays, which would live in local memory and make
+   * every step a dependent load): expert id, weight, destination rank,
+   * whether k is the first of its rank (bit k of first), and that rank's
+   * index among the token's distinct ranks, ascending (jpos). */
+  int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
+  float wt[MC_MAX_TOPK];
+  uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first = 0;
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++) idx[k] = 0, rk[k] = 0, jpos[k] = 0, wt[k] = 0.0f, pe[k] = 0, pr[k] = 0;
+  bool ok = false;   /* a valid token of the group */
+  bool scan = false; /* a valid token of this rank's share */
+  const int t = base + warp * 32 + lane;
   if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
-    __syncthreads(); /* the masks (and, first time, the counts) are zero */
-    const int t = base + warp * 32 + lane;
-    const bool mine = warp < NW && t < m_eff;
-    /* Per k, in registers (loops unrolled to MC_MAX_TOPK, guarded by K: no
-     * dynamically indexed arrays, which would live in local memory and make
-     * every step a dependent load): expert id, weight, destination rank,
-     * whether k is the first of its rank (bit k of first), and that rank's
-     * index among the token's distinct ranks, ascending (jpos). */
-    int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
-    float wt[MC_MAX_TOPK];
-    uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first = 0;
-    bool scan = false; /* a valid token of this rank's chunk */
+    __syncthreads(); /* masks and counts are zero */
+    const bool mine = scanning && t < m_eff;
     if (mine) {
 #pragma unroll
       for (int k = 0; k < MC_MAX_TOPK; k++)
@@ -178,8 +229,9 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int ch
 #pragma unroll
         for (int k = 0; k < MC_MAX_TOPK; k++)
           if (k == bad_k) v = idx[k];
-        mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT,
-                    MC_PHASE_DSEND, a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+        if (!one || blockIdx.x == 0) /* one launch: every block finds it; one records it */
+          mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT,
+                      MC_PHASE_DSEND, a.rank, -1, -1, t, bad_k, v, 0, 0, round);
         bad = 1;
       } else {
 #pragma unroll
@@ -198,21 +250,28 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int ch
           for (int j = 0; j < MC_MAX_TOPK; j++) jpos[k] += (first >> j & 1u) && rk[j] < rk[k];
           nd += first >> k & 1u;
         }
-        n_dests[t] = (uint16_t)nd;
+        tab.ndest[t] = (uint16_t)nd;
 #pragma unroll
         for (int k = 0; k < MC_MAX_TOPK; k++)
-          if (first >> k & 1u) {
-            dests[(int64_t)t * K + jpos[k]] = (uint16_t)rk[k];
-            atomicAdd(&rexp[rk[k]], 1u);
-          }
+          if (first >> k & 1u) tab.dests[(int64_t)t * K + jpos[k]] = (uint16_t)rk[k];
+        ok = true;
         scan = t >= begin && t < end;
       }
     }
-    if (scan) {
+    /* Masks and row counts, one shared-memory RMW per group of lanes with
+     * the same column (every lane of a scanning warp takes part: a lane
+     * with nothing to add uses a key no other lane has) */
+    if (scanning) {
 #pragma unroll
       for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k < K) atomicOr(&wm[idx[k]], 1u << lane);
-        if (first >> k & 1u) atomicOr(&wm[E + rk[k]], 1u << lane);
+        if (k >= K) continue;
+        const bool f = (first >> k & 1u) != 0; /* first of its rank (valid tokens only) */
+        const uint32_t g_rows = __match_any_sync(0xffffffffu, ok && f ? rk[k] : -1 - lane);
+        if (ok && f && lane == __ffs(g_rows) - 1) atomicAdd(&rexp[rk[k]], (uint32_t)__popc(g_rows)); /* every valid token */
+        const uint32_t g_rank = __match_any_sync(0xffffffffu, scan && f ? rk[k] : -1 - lane);
+        if (scan && f && lane == __ffs(g_rank) - 1) atomicOr(&wm[E + rk[k]], g_rank);
+        const uint32_t g_exp = __match_any_sync(0xffffffffu, scan ? idx[k] : -1 - lane);
+        if (scan && lane == __ffs(g_exp) - 1) atomicOr(&wm[idx[k]], g_exp);
       }
     }
     __syncwarp();
@@ -237,73 +296,91 @@ MC_DEV void mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int ch
     }
     __syncthreads();
     if (scan) {
-      mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
-      h->token = t;
-      h->n_targets = K;
+      /* record index at each destination; the header (targets in ascending
+       * expert id: the ids are distinct) */
 #pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k >= K) continue;
-        int at = 0; /* ascending expert id: the ids are distinct */
+      for (int k = 0; k < MC_MAX_TOPK; k++)
+        if (first >> k & 1u) tab.ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
+      const bool hdr_here = one ? t % (int)gridDim.x == (int)blockIdx.x : true;
+      if (hdr_here && !bad) {
+        /* one launch: straight into the record slot at each destination
+         * (all reachable); chunked: into staging (the send kernel copies
+         * or puts the record) */
 #pragma unroll
-        for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && idx[j] < idx[k];
-        h->targets[at] = mc_target_t{idx[k], (int32_t)(wm[idx[k]] + pe[k]), wt[k]};
-        if (first >> k & 1u) ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
+        for (int d = 0; d < MC_MAX_TOPK; d++) {
+          if (!one && d > 0) break;
+          if (one && !(first >> d & 1u)) continue;
+          mc_record_header_t *h =
+              one ? (mc_record_header_t *)(mc_t_peer_window(&a, rk[d]) +
+                                           mc_disp_recv_off(s, a.rank, (int)(wm[E + rk[d]] + pr[d])))
+                  : (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+          h->token = t;
+          h->n_targets = K;
+#pragma unroll
+          for (int k = 0; k < MC_MAX_TOPK; k++) {
+            if (k >= K) continue;
+            int at = 0;
+#pragma unroll
+            for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && idx[j] < idx[k];
+            h->targets[at] = mc_target_t{idx[k], (int32_t)(wm[idx[k]] + pe[k]), wt[k]};
+          }
+          if (one) atomicAdd(&sent[rk[d]], 1u);
+        }
       }
     }
   }
   __syncthreads();
-  if (chunks > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return;
+  if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return -1;
   mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
-    if (tid == 0) sc[MC_WS_BAD] = 1;
-    return;
+    if (tid == 0 && (!one || blockIdx.x == 0)) sc[MC_WS_BAD] = 1;
+    return -1;
   }
-  uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
-  for (int dst = tid; dst < W; dst += blockDim.x) expect[dst] = rexp[dst];
-  /* the metas: records per destination, then records per its local experts */
-  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
-    const int dst = i / (L + 1), l = i % (L + 1);
-    ((uint32_t *)(a.win + mc_meta_send_off(s, dst)))[l] = l == 0 ? count[E + dst] : count[dst * L + l - 1];
-  }
-  if (a.zc) mc_zc_send_counts(a, count, round);
-  if (tid == 0) {
-    sc[MC_WS_BAD] = 0;
-    sc[MC_WS_M_EFF] = (uint32_t)m_eff;
-    *mc_ws_round(&a) = round; /* later kernels read it */
-    uint64_t recs = 0, slots = 0;
-    for (int dst = 0; dst < W; dst++) recs += count[E + dst];
-    for (int e = 0; a.zc == MC_ZC_DIRECT && e < E; e++) slots += count[e];
-    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
-    st[MC_STAT_DREC] += recs;
-    /* registered buffers: the counts to every rank; direct stores: a payload
-     * (and scales) per expert slot and no header instead of the records */
-    st[MC_STAT_DBYTES] += (a.zc == MC_ZC_DIRECT ? slots * (s->token_bytes + s->scale_bytes)
-                                                : recs * mc_record_bytes(s) + (uint64_t)W * mc_meta_bytes(s)) +
-                          (a.zc ? (uint64_t)W * E * sizeof(uint32_t) : 0);
+  if (!one || blockIdx.x == 0) {
+    mc_prep_publish(a, count, rexp, m_eff);
+    for (int i = tid; i < W * (L + 1); i += blockDim.x) {
+      const int dst = i / (L + 1), l = i % (L + 1);
+      uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
+                           : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
+      meta[l] = mc_meta_word(s, count, dst, l);
+    }
+    if (one) {
+      /* later kernels (combine) read the routes from the workspace */
+      uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+      for (int i = tid; i < m_eff * K; i += blockDim.x) gd[i] = tab.dests[i];
+      for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
+      __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
+      for (int dst = tid; dst < W; dst += blockDim.x)
+        mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+    } else if (tid == 0) {
+      *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
+    }
   }
   mc_trace_end(&a, MC_TK_PREP);
-}
-/* One inlined copy per common top-k: with K a constant the per-k loops,
- * unrolled to MC_MAX_TOPK, shrink to K (K x K compares instead of 16 x 16).
- * ncu, one rank alone, 128 tokens: the kernel is a chain of ~2600
- * dependent instructions per warp at ~16 cycles each, so their count is
- * its time (perf-notes). */
-MC_DEV void mc_dispatch_prep_k(const mc_kargs_t &a, const int chunks) {
-  switch (a.s.topk) {
-  case 8: mc_dispatch_prep_body(a, 8, chunks); break;
-  case 4: mc_dispatch_prep_body(a, 4, chunks); break;
-  default: mc_dispatch_prep_body(a, a.s.topk, chunks); break;
-  }
-}
-static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
-  mc_dispatch_prep_k(a, (int)gridDim.x);
+  return m_eff;
 }
 
-/* ---- dispatch-send, part 1b: where there is more than one chunk, each
- * chunk's bases (the last prep block's scan) added to its tokens'
- * positions: the header's slot per expert and the record index per
- * destination rank. One thread per (token, k) of this rank's chunk past the
- * first chunk (whose bases are zero). ---- */
+/* One inlined copy per common top-k: with K a constant the per-k loops,
+ * unrolled to MC_MAX_TOPK, shrink to K (K x K compares instead of 16 x 16;
+ * the prep is a chain of dependent instructions, so their count is its
+ * time). */
+MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int mode, const uint64_t round) {
+  switch (a.s.topk) {
+  case 8: return mc_dispatch_prep_body(a, 8, mode, round);
+  case 4: return mc_dispatch_prep_body(a, 4, mode, round);
+  default: return mc_dispatch_prep_body(a, a.s.topk, mode, round);
+  }
+}
+/* chunked: one block per chunk */
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
+  mc_dispatch_prep(a, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
+}
+
+/* ---- chunked, more than one chunk: each chunk's bases (the last prep
+ * block's scan) added to its tokens' positions: the header's slot per
+ * expert and the record index per destination rank. One thread per
+ * (token, k) of this rank's share past the first chunk (whose bases are
+ * zero). ---- */
 static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -312,9 +389,7 @@ static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
   const int from = begin > P ? begin : P;
-  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
-  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  uint32_t *ridx = mc_ws_u32(&a, mc_ws_ridx_off(s));
+  const mc_route_tab_t tab = mc_tab_global(a);
   const uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(s));
   for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < (int64_t)(end - from) * K;
        it += (int64_t)gridDim.x * blockDim.x) {
@@ -322,7 +397,7 @@ static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix
     const uint32_t *bases = pcount + (size_t)(t / P) * (E + 2 * W);
     mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
     h->targets[k].pos += (int32_t)bases[h->targets[k].expert];
-    if (k < n_dests[t]) ridx[(int64_t)(t - begin) * K + k] += bases[E + dests[(int64_t)t * K + k]];
+    if (k < tab.ndest[t]) tab.ridx[(int64_t)(t - begin) * K + k] += bases[E + tab.dests[(int64_t)t * K + k]];
   }
 }
 

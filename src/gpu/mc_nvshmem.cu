@@ -130,8 +130,8 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   /* peers reached only through puts need records staged first */
   for (int pe = 0; pe < a2a->comm->world_size; pe++)
     if (!g->direct || !nvshmem_ptr(g->win, pe)) g->staged = 1;
-  rc = mc_gpu_kernel_limits(a2a);
-  if (rc == MC_SUCCESS) rc = mc_gpu_decide_scope(a2a);
+  rc = mc_gpu_decide_scope(a2a);
+  if (rc == MC_SUCCESS) rc = mc_gpu_kernel_limits(a2a);
   if (rc != MC_SUCCESS) {
     nvshmem_a2a_destroy(a2a);
     return rc;
@@ -140,10 +140,11 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
+/* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
-    "nvshmem",   mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
-    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
-    NULL, /* register_expert: NVSHMEM maps only its symmetric heap; the caller's buffers are not in it */
+    "nvshmem",         mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
+    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_dboth, mc_gpu_csend, mc_gpu_crecv, mc_gpu_cboth,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

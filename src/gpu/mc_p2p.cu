@@ -9,7 +9,6 @@
  * access between two GPUs) fails mc_a2a_create on every rank with its name,
  * never a crash later. So the kernels never take the put path, and the
  * interface's put/signal calls below are unreachable. */
-#include <cuda.h> /* CUresult and CUdeviceptr, for cuMemGetAddressRange through the runtime's entry point */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,53 +48,12 @@ typedef struct p2p_state {
   unsigned char **peer;  /* [W] each peer's window as this process addresses it */
   unsigned char *opened; /* [W] 1: mapped by cudaIpcOpenMemHandle (closed at destroy) */
   unsigned char **table; /* the same table in device memory (kernel argument) */
-  /* registered expert buffers (mc_gpu_zc.cuh): per buffer, as peer/opened */
-  unsigned char **zc_peer[MC_ZC_NBUF];
-  unsigned char *zc_opened[MC_ZC_NBUF];
-  unsigned char **zc_table; /* [MC_ZC_NBUF][W] in device memory */
 } p2p_state_t;
 
 static mc_result_t p2p_comm_init(mc_comm_t *comm) {
   if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
     return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
   return MC_SUCCESS;
-}
-
-/* The allocation that holds ptr (an IPC handle names a whole allocation;
- * a caching allocator hands out pieces of one), through the driver's
- * cuMemGetAddressRange, found at run time: no link against libcuda. */
-typedef CUresult (*p2p_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
-static cudaError_t alloc_base(const void *ptr, unsigned char **base, size_t *size) {
-  void *f = NULL; /* looked up each time: registration is rare, and threads of one process may race on a cache */
-  cudaDriverEntryPointQueryResult q;
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q);
-  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !f) return e != cudaSuccess ? e : cudaErrorNotSupported;
-  const p2p_range_fn fn = (p2p_range_fn)f;
-  CUdeviceptr b = 0;
-  size_t n = 0;
-  if (fn(&b, &n, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS) return cudaErrorInvalidDevicePointer;
-  *base = (unsigned char *)(uintptr_t)b;
-  if (size) *size = n;
-  return cudaSuccess;
-}
-
-/* Close every registered-buffer mapping and forget them. */
-static void zc_unmap(mc_gpu_t *g, p2p_state_t *p, int W) {
-  for (int b = 0; b < MC_ZC_NBUF; b++) {
-    for (int r = 0; p->zc_peer[b] && r < W; r++) {
-      unsigned char *base = NULL;
-      if (p->zc_opened[b][r] && alloc_base(p->zc_peer[b][r], &base, NULL) == cudaSuccess) cudaIpcCloseMemHandle(base);
-    }
-    free(p->zc_peer[b]);
-    free(p->zc_opened[b]);
-    p->zc_peer[b] = NULL;
-    p->zc_opened[b] = NULL;
-  }
-  if (p->zc_table) cudaFree(p->zc_table);
-  p->zc_table = NULL;
-  g->zc = 0;
-  g->zc_tab = NULL;
-  cudaGetLastError();
 }
 
 static void p2p_a2a_destroy(mc_a2a_t *a2a) {
@@ -109,7 +67,6 @@ static void p2p_a2a_destroy(mc_a2a_t *a2a) {
    * mapped to process exit, as the other transports do. */
   int all_here = !a2a->aborted && mc_comm_barrier(a2a->comm) == MC_SUCCESS;
   if (p) {
-    zc_unmap(g, p, a2a->comm->world_size);
     for (int r = 0; p->peer && r < a2a->comm->world_size; r++)
       if (p->opened[r]) cudaIpcCloseMemHandle(p->peer[r]);
     if (p->table) cudaFree(p->table);
@@ -117,9 +74,8 @@ static void p2p_a2a_destroy(mc_a2a_t *a2a) {
     free(p->opened);
     free(p);
   }
-  /* and once every rank has closed its mappings of this window (and of the
-   * caller's registered buffers, which the caller may free on return):
-   * freeing an allocation a peer still has open is undefined */
+  /* and once every rank has closed its mappings of this window: freeing
+   * an allocation a peer still has open is undefined */
   if (all_here) all_here = mc_comm_barrier(a2a->comm) == MC_SUCCESS;
   if (g->win && all_here) cudaFree(g->win);
   mc_gpu_free(g);
@@ -269,8 +225,8 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   g->peers = p->table;
   g->direct = 1; /* MC_GPU_STAGED has no meaning here: there is nothing to put with */
   g->staged = 0;
-  if (rc == MC_SUCCESS) rc = mc_gpu_kernel_limits(a2a);
   if (rc == MC_SUCCESS) rc = mc_gpu_decide_scope(a2a);
+  if (rc == MC_SUCCESS) rc = mc_gpu_kernel_limits(a2a);
   if (rc != MC_SUCCESS) {
     a2a->aborted = 1; /* peers may have mapped this window: do not free it under them */
     p2p_a2a_destroy(a2a);
@@ -315,104 +271,9 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
   return rc;
 }
 
-/* mc_a2a_register_expert_buffers on p2p: every rank exports the
- * allocations holding its expert buffers and maps every peer's, exactly as
- * the windows at create. Old mappings go first, once no kernel can still
- * use them: each rank synchronises its device, then a barrier. A local
- * failure (device, host memory, a buffer too small, the device table) is
- * a verdict the ranks agree on, never an early return: every rank makes
- * the same collective calls, so none waits for one that left. */
-static mc_result_t p2p_register_expert(mc_a2a_t *a2a, void *x, void *scale, void *y) {
-  mc_gpu_t *g = gpu(a2a);
-  p2p_state_t *p = (p2p_state_t *)g->tstate;
-  mc_comm_t *comm = a2a->comm;
-  const mc_shape_t *sh = &a2a->shape;
-  const int W = comm->world_size;
-  char local[120] = ""; /* this rank's own failure, if any */
-  cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) snprintf(local, sizeof local, "synchronising its device: %s", cudaGetErrorString(e));
-  mc_result_t rc = mc_comm_barrier(comm); /* a broken out-of-band: nothing more to agree on */
-  if (rc != MC_SUCCESS) return mc_fail(a2a->err, rc, "%s", comm->err);
-  zc_unmap(g, p, W);
-  if (!x) { /* unregistered: the copying path again, once every rank closed its mappings of ours */
-    rc = mc_comm_barrier(comm);
-    if (rc != MC_SUCCESS) return mc_fail(a2a->err, rc, "%s", comm->err);
-    return local[0] ? mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: %s", comm->rank, local) : MC_SUCCESS;
-  }
-  void *const bufs[MC_ZC_NBUF] = {x, scale, y};
-  const uint64_t slots = mc_expert_slots(sh);
-  const uint64_t need[MC_ZC_NBUF] = {slots * sh->token_bytes, slots * sh->scale_bytes, slots * mc_row_bytes(sh)};
-  static const char *names[MC_ZC_NBUF] = {"expert_x", "expert_scale", "expert_y"};
-  unsigned char **host_tab = (unsigned char **)calloc((size_t)MC_ZC_NBUF * W, sizeof *host_tab);
-  if (!host_tab) snprintf(local, sizeof local, "out of host memory");
-  for (int b = 0; b < MC_ZC_NBUF && rc == MC_SUCCESS; b++) {
-    if (!bufs[b]) continue; /* no scales: NULL on every rank (same config) */
-    p->zc_peer[b] = (unsigned char **)calloc((size_t)W, sizeof(unsigned char *));
-    p->zc_opened[b] = (unsigned char *)calloc((size_t)W, 1);
-    if ((!p->zc_peer[b] || !p->zc_opened[b]) && !local[0]) snprintf(local, sizeof local, "out of host memory");
-    p2p_card_t mine;
-    memset(&mine, 0, sizeof mine);
-    mine.host = mc_host_id();
-    mine.pid = (int32_t)getpid();
-    cudaGetDevice(&mine.device);
-    char why[160];
-    unsigned char *base = NULL;
-    size_t size = 0;
-    if (!local[0]) {
-      e = alloc_base(bufs[b], &base, &size);
-      if (e == cudaSuccess && (size_t)((unsigned char *)bufs[b] - base) + need[b] > size)
-        snprintf(local, sizeof local, "its %s %p holds %zu bytes from there, the shape needs %llu", names[b],
-                 bufs[b], size - (size_t)((unsigned char *)bufs[b] - base), (unsigned long long)need[b]);
-      else if (e == cudaSuccess)
-        e = cudaIpcGetMemHandle(&mine.ipc, base);
-      if (e != cudaSuccess)
-        snprintf(local, sizeof local, "exporting its %s %p: %s", names[b], bufs[b], cudaGetErrorString(e));
-    }
-    mine.ok = !local[0]; /* with ok = 0, p2p_agree touches neither zc_peer nor zc_opened */
-    mine.base = (uint64_t)(uintptr_t)bufs[b];
-    mine.offset = mine.ok ? (uint64_t)((unsigned char *)bufs[b] - base) : 0;
-    cudaGetLastError();
-    int first_bad = -1, threads = 0;
-    rc = p2p_agree(comm, a2a->err, &mine, local, p->zc_peer[b], p->zc_opened[b], 0, &first_bad, &threads, why,
-                   sizeof why);
-    if (rc == MC_SUCCESS && first_bad >= 0) rc = mc_fail(a2a->err, MC_ERR_CUDA, "p2p %s: %s", names[b], why);
-    for (int r = 0; rc == MC_SUCCESS && r < W; r++) host_tab[b * W + r] = p->zc_peer[b][r];
-  }
-  /* every rank got here with the same rc: build the device table, then agree
-   * on it and on MC_ZC_DISPATCH=direct (pays on one GPU with few experts,
-   * not at DeepSeek-V3's 256; docs/zero-copy.md), else dispatch copies */
-  if (rc == MC_SUCCESS) {
-    const size_t tab = sizeof(unsigned char *) * MC_ZC_NBUF * (size_t)W;
-    e = cudaMalloc((void **)&p->zc_table, tab);
-    if (e == cudaSuccess) e = cudaMemcpy(p->zc_table, host_tab, tab, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) snprintf(local, sizeof local, "the registered buffers' table: %s", cudaGetErrorString(e));
-    const char *env = getenv("MC_ZC_DISPATCH");
-    int32_t mine[2] = {!local[0], env && strcmp(env, "direct") == 0};
-    int32_t *all = (int32_t *)calloc((size_t)W, sizeof mine); /* out of memory here: the oob's timeout */
-    rc = all ? mc_comm_allgather(comm, mine, all, sizeof mine) : mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
-    if (rc != MC_SUCCESS && all) mc_fail(a2a->err, rc, "%s", comm->err);
-    int direct = 1;
-    for (int r = 0; rc == MC_SUCCESS && r < W; r++) {
-      direct &= all[2 * r + 1];
-      if (!all[2 * r]) rc = mc_fail(a2a->err, MC_ERR_CUDA, "p2p: rank %d could not build its table of the registered "
-                                    "buffers%s%s", r, r == comm->rank ? ": " : "", r == comm->rank ? local : "");
-    }
-    free(all);
-    if (rc == MC_SUCCESS) {
-      g->zc = direct ? MC_ZC_DIRECT : MC_ZC_PULL;
-      g->zc_tab = (void *const *)p->zc_table;
-      if (mc_verbose() && comm->rank == 0) /* direct needs every rank's MC_ZC_DISPATCH: say what was agreed */
-        fprintf(stderr, "moecomm: expert buffers registered: combine pulls, dispatch %s\n",
-                direct ? "stores directly (MC_ZC_DISPATCH=direct on every rank)" : "copies");
-    }
-  }
-  free(host_tab);
-  if (rc != MC_SUCCESS) zc_unmap(g, p, W);
-  return rc;
-}
-
+/* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_p2p_ops = {
-    "p2p",        p2p_comm_init, NULL,         p2p_a2a_create,       p2p_a2a_destroy, mc_gpu_dsend,
-    mc_gpu_drecv, mc_gpu_csend,  mc_gpu_crecv, mc_gpu_refresh_stats, mc_gpu_check,    mc_gpu_barrier,
-    p2p_register_expert,
+    "p2p",         p2p_comm_init, NULL, p2p_a2a_create, p2p_a2a_destroy,
+    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_dboth, mc_gpu_csend, mc_gpu_crecv, mc_gpu_cboth,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
 };

@@ -35,7 +35,6 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
   const size_t xbytes = (size_t)L * cap * c->token_bytes, sbytes = (size_t)L * cap * c->scale_bytes;
   const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
   graph_ctx_t g = {a2a, c, d, c->max_tokens, MC_SUCCESS};
-  const int zc = o->zero_copy && c->group_size == 1; /* as registered by mc_ref_run.c */
   void *exec = NULL, *stream = NULL;
   if (mc_dev_graph_capture(graph_body, &g, &exec, &stream) != 0) {
     mc_rr_fail(me, g.rc, "rank %d: capturing the layer failed: %s", rank, mc_a2a_last_error(a2a));
@@ -51,10 +50,8 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
     call_in_t ci;
     mc_rr_upload_inputs(c, in, d, &ci);
     mc_dev_put(1, d->bound, &in->bound_m, 4); /* captured with a bound pointer: always valid */
-    if (!zc) { /* registered: poisoned after the last round's check (below) */
-      mc_dev_fill(1, d->x, POISON_X, xbytes);
-      if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
-    }
+    mc_dev_fill(1, d->x, POISON_X, xbytes);
+    if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
     mc_dev_fill(1, d->out, POISON_OUT, obytes);
     mc_dev_sync(1);
     if (mc_dev_graph_launch(exec, stream) != 0) {
@@ -72,19 +69,6 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
     mc_dev_get(1, b->out, d->out, obytes);
     mc_rr_check_dispatch(c, b, rank, round, me);
     mc_rr_check_combine(c, b, rank, round, me);
-    if (zc) {
-      /* Registered: a peer's next replay writes our expert_x as soon as it
-       * starts, so poison now and let nobody start before everyone has (a
-       * device barrier after the fills, on the same stream). */
-      mc_dev_fill(1, d->x, POISON_X, xbytes);
-      if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
-      mc_result_t brc = mc_a2a_barrier(a2a, mc_dev_stream());
-      if (brc != MC_SUCCESS || mc_dev_sync(1) != 0) {
-        mc_rr_fail(me, brc, "round %llu rank %d: barrier after the poison: %s", (unsigned long long)round, rank,
-                   mc_a2a_last_error(a2a));
-        break;
-      }
-    }
   }
   mc_dev_graph_free(exec, stream);
 }

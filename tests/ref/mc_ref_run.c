@@ -115,21 +115,6 @@ static void rank_main(run_ctx_t *ctx) {
   const size_t ybytes = (size_t)L * cap * c->hidden * mc_dtype_size(c->in_dtype);
   const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
   if (gpu) mc_dev_fill(1, d.y, POISON_OUT, ybytes); /* rows of unfilled slots stay poison */
-  int zc = gpu && o->zero_copy;
-  if (zc && G > 1) { /* refused, and nothing changes: the copying path runs */
-    for (int h = 0; h < nh && h < 64; h++)
-      if (mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y) != MC_ERR_UNSUPPORTED) {
-        mc_rr_fail(me, 0, "rank %d: registering with group_size %d was not refused", rank, G);
-        goto done;
-      }
-    zc = 0;
-  }
-  if (zc) { /* poisoned before registering: once registered, peers may write expert_x whenever it is free */
-    mc_dev_fill(1, d.x, POISON_X, xbytes);
-    if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
-    mc_dev_sync(1);
-    for (int h = 0; h < nh && h < 64; h++) API(mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y));
-  }
   if (gpu && o->graph) {
     a2a = hs[0];
     mc_rr_run_graph_rounds(c, o, rank, a2a, &b, &d, me);
@@ -138,31 +123,22 @@ static void rank_main(run_ctx_t *ctx) {
   /* timed graph mode: the eager rounds are the warm-up (and the checks),
    * the timed rounds are replays of a captured round */
   const int timed_graph = gpu && o->graph_timed;
-  const int total = o->warmup + (timed_graph ? 0 : o->rounds);
+  /* With check_first > 0 the checked rounds are the first check_first and
+   * one more after the timed ones (on a GPU a check means downloads and
+   * host work: only the first rounds and the final state are looked at).
+   * A caller that times keeps check_first <= warmup, so that no sample
+   * comes from a checked round (mc-bench does). */
+  const int tail = o->check && o->check_first > 0 && !timed_graph;
+  const int total = o->warmup + (timed_graph ? 0 : o->rounds) + tail;
   call_in_t last_in = {0};
   int last_m = 0;
   for (int i = 0; i < total; i++) {
     round = (uint64_t)i + 1;
     a2a = hs[i % nh];
-    /* on a GPU, checking means downloads: check_first limits it to the first rounds and the last */
-    const int check = o->check && (!gpu || o->check_first <= 0 || i < o->check_first || i == total - 1);
+    const int check = o->check && (o->check_first <= 0 || i < o->check_first || i == total - 1);
     if (rank == o->stall_rank && i == o->stall_round) {
       if (o->processes) raise(SIGKILL); /* a rank that dies */
       goto done;                        /* a rank that goes silent */
-    }
-    /* zero_copy 2: unregister and register again every nh rounds
-     * (collective, between rounds), so that with handles rotating round by
-     * round each handle runs both paths in turn */
-    if (gpu && o->zero_copy == 2 && G == 1 && i > 0 && i % nh == 0) {
-      zc = (i / nh) % 2 == 0;
-      if (zc) {
-        mc_dev_fill(1, d.x, POISON_X, xbytes);
-        if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
-        mc_dev_sync(1);
-      }
-      for (int h = 0; h < nh && h < 64; h++)
-        API(zc ? mc_a2a_register_expert_buffers(hs[h], d.x, d.xs, d.y)
-               : mc_a2a_register_expert_buffers(hs[h], NULL, NULL, NULL));
     }
     /* Inputs: every group's, since the reference needs them all. */
     for (int g = 0; g < groups; g++) {
@@ -181,8 +157,8 @@ static void rank_main(run_ctx_t *ctx) {
     }
     last_in = ci, last_m = in->m;
     if (check) {
-      if (!zc) mc_dev_fill(gpu, d.x, POISON_X, xbytes);
-      if (d.xs && !zc) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
+      mc_dev_fill(gpu, d.x, POISON_X, xbytes);
+      if (d.xs) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
       if (!gpu) mc_dev_fill(0, d.y, POISON_OUT, ybytes);
       mc_dev_fill(gpu, d.out, POISON_OUT, obytes);
       mc_dev_fill(gpu, d.count, 0xF9, (size_t)L * 4); /* -7ish */
@@ -200,19 +176,20 @@ static void rank_main(run_ctx_t *ctx) {
     if (o->barrier && gpu) API(mc_a2a_barrier(a2a, mc_dev_stream()));
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, mc_dev_stream())
-    /* registered: other expert buffers are refused before anything is sent */
-    if (zc && i == 0 &&
-        mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.scratch, d.xs, d.count,
-                    MC_SEND_RECV, mc_dev_stream()) != MC_ERR_INVALID_ARG) {
-      mc_rr_fail(me, 0, "rank %d: dispatch into other buffers than the registered ones was not refused", rank);
-      goto done;
-    }
+    /* each phase as one call (MC_SEND_RECV) or as two halves: whole 1 every
+     * round, 2 every other round (tests: both paths, and the switch
+     * between them), 0 never; split always calls the halves */
+    const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
     mc_dev_mark(gpu, 0);
-    API(DISPATCH(MC_SEND));
-    if (!o->whole) mc_dev_mark(gpu, 1);
-    if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-    if (!o->whole) mc_dev_mark(gpu, 2);
-    API(DISPATCH(MC_RECV));
+    if (one_call) {
+      API(DISPATCH(MC_SEND_RECV));
+    } else {
+      API(DISPATCH(MC_SEND));
+      mc_dev_mark(gpu, 1);
+      if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
+      mc_dev_mark(gpu, 2);
+      API(DISPATCH(MC_RECV));
+    }
     mc_dev_mark(gpu, 3);
 #undef DISPATCH
     if (check || !gpu) {
@@ -229,29 +206,21 @@ static void rank_main(run_ctx_t *ctx) {
         goto done;
       }
     }
-    /* registered: the next checked round's poison goes in now (stream-ordered
-     * after dispatch-recv), while no peer may write expert_x: not before
-     * this rank's combine-send */
-    const int next_check = o->check && (o->check_first <= 0 || i + 1 < o->check_first || i + 1 == total - 1);
-    if (zc && next_check && i + 1 < total) {
-      mc_dev_fill(1, d.x, POISON_X, xbytes);
-      if (d.xs) mc_dev_fill(1, d.xs, POISON_X, sbytes);
-    }
-    if (zc && i == 0 && mc_combine(a2a, d.scratch, d.out, MC_SEND_RECV, mc_dev_stream()) != MC_ERR_INVALID_ARG) {
-      mc_rr_fail(me, 0, "rank %d: combine from another expert_y than the registered one was not refused", rank);
-      goto done;
-    }
     mc_dev_mark(gpu, 4);
-    API(mc_combine(a2a, d.y, d.out, MC_SEND, mc_dev_stream()));
-    if (!o->whole) mc_dev_mark(gpu, 5);
-    if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-    if (!o->whole) mc_dev_mark(gpu, 6);
-    API(mc_combine(a2a, d.y, d.out, MC_RECV, mc_dev_stream()));
+    if (one_call) {
+      API(mc_combine(a2a, d.y, d.out, MC_SEND_RECV, mc_dev_stream()));
+    } else {
+      API(mc_combine(a2a, d.y, d.out, MC_SEND, mc_dev_stream()));
+      mc_dev_mark(gpu, 5);
+      if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
+      mc_dev_mark(gpu, 6);
+      API(mc_combine(a2a, d.y, d.out, MC_RECV, mc_dev_stream()));
+    }
     mc_dev_mark(gpu, 7);
     mc_dev_sync(gpu);
-    if (i >= o->warmup) {
+    if (i >= o->warmup && i < o->warmup + o->rounds) {
       int r = i - o->warmup;
-      mc_rr_store_samples(samples, ctx->res->rounds, r, gpu, gpu && o->whole);
+      mc_rr_store_samples(samples, ctx->res->rounds, r, gpu, gpu && one_call);
     }
     API(mc_a2a_check(a2a));
     if (check) {

@@ -21,12 +21,13 @@ typedef struct mc_run_opts {
   int stall_round;   /*   (thread: goes silent; process: dies with SIGKILL) */
   mc_transport_t transport;
   int inject_bad;    /* 1: before each round, make bad calls that must fail and change nothing */
-  int check_first;   /* GPU: check only the first N rounds and the last (0: all) */
+  int check_first;   /* > 0: check only the first N rounds and one extra round after the timed
+                        ones (0: every round) */
   int graph;         /* GPU: capture dispatch -> identity experts -> combine once, replay every round
                         (needs case.expert_identity and fixed_m) */
-  int whole;         /* GPU timing: no marks between a send and its recv (each mark is a CUDA event,
-                        several us of GPU time under MPS); the send sample holds the whole call pair,
-                        the recv sample 0 */
+  int whole;         /* 1: each phase as one call (MC_SEND_RECV; GPU timing: no marks between a send
+                        and its recv, the send sample holds the whole phase, the recv sample 0);
+                        2: one call every other round, the halves in the others (tests) */
   int split_hosts;   /* processes: odd ranks claim another host (MC_HOST_ID), as on two nodes */
   int graph_timed;   /* GPU timing: warm-up rounds eager (and checked), then the timed rounds as replays
                         of one captured round: mc_a2a_barrier, the four halves, a mark around each */
@@ -37,17 +38,12 @@ typedef struct mc_run_opts {
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
   int auto_transport; /* 1: the communicator asks for MC_TRANSPORT_AUTO; buffers are placed as for
                          `transport` (say which kind auto should pick); ranks[r].transport says what it did */
-  int zero_copy;      /* GPU: register every handle's expert buffers (mc_a2a_register_expert_buffers) after
-                         create; expert_x is then poisoned after each checked dispatch, not before the round
-                         (peers write it from this rank's combine on); 2: unregister and register again
-                         every `handles` rounds, so that each handle runs both paths in turn. With group_size > 1 the harness checks that
-                         registration is refused, then runs the copying path */
   int floor;          /* GPU timing: after the rounds, `rounds` timings of mc_a2a_barrier alone, a mark on
                          each side, after the same host and device alignment as a round: what a half that
                          waits on every peer costs here with no bytes and no work (floor_us) */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
