@@ -274,11 +274,8 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  *
  * When both halves are separate calls, pass the same pointers to both (each
  * half checks only what it uses). The send half never waits for a peer; the
- * recv half waits only for the tokens it needs. Both halves in one call
- * (MC_SEND_RECV) are the fastest way when nothing is to run between them: on
- * a GPU transport, where this rank has its GPU to itself, they run as one
- * cooperative kernel. stream: a cudaStream_t for GPU transports, ignored by
- * cpu.
+ * recv half waits only for the tokens it needs. stream: a cudaStream_t for
+ * GPU transports, ignored by cpu.
  * Returns MC_ERR_INVALID_ARG (bad argument: nothing sent), MC_ERR_INVALID_USAGE
  * (out of order), MC_ERR_TIMEOUT (a peer's tokens did not arrive; the handle is
  * then aborted), MC_ERR_ABORTED (an earlier failure). */

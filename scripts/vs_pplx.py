@@ -22,29 +22,27 @@ SHAPES = {"dsv3-1": (1, 256, 8, 7168), "dsv3-128": (128, 256, 8, 7168), "small-1
 
 def pplx_parse(text):
     """{(kernels, (tokens, experts, topk, hidden)): {"dispatch": (whole, send, recv), "combine": (...)}}.
-    pplx's benchmark prints a section per kernel family ("Intra-Node" / "Inter-Node"), then per
-    shape a line with its numbers; we take every float of a line that names dispatch or combine,
-    in order, as whole, send, recv (means; the +- spreads dropped)."""
-    out, fam, shape = {}, None, None
+    pplx-kernels' benchmark prints a section per kernel family ("Intra-Node": its IPC kernels,
+    "Inter-Node": its NVSHMEM kernels), then a line per shape:
+      T E K H | whole +- sd  send +- sd  recv +- sd  GB/s | (the same for combine)
+    with every time in us (means over its samples)."""
+    out, fam = {}, None
     for line in text.splitlines():
         if "Intra-Node" in line:
             fam = "ipc"
         elif "Inter-Node" in line:
             fam = "nvshmem"
-        nums = [int(x) for x in re.findall(r"(?<![\d.])\d+(?![\d.])", line)]
-        m = re.search(r"(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", line)
-        if m and not re.search(r"[Dd]ispatch|[Cc]ombine", line):
-            cand = tuple(int(x) for x in m.groups())
-            if cand in SHAPES.values():
-                shape = cand
-        for phase in ("dispatch", "combine"):
-            mm = re.search(phase + r"[^\d]*(.*)", line, re.I)
-            if mm and fam and shape:
-                vals = [float(x) for x in re.findall(r"(?<![\d.+-])(\d+\.\d+)(?!\s*%)", mm.group(1))]
-                means = vals[0::2] if "+-" in line or "±" in line else vals
-                if len(means) >= 3:
-                    out.setdefault((fam, shape), {})[phase] = tuple(means[:3])
-        del nums
+        parts = line.split("|")
+        if fam is None or len(parts) != 3:
+            continue
+        try:
+            shape = tuple(int(x) for x in parts[0].split())
+        except ValueError:
+            continue
+        for phase, part in zip(("dispatch", "combine"), parts[1:]):
+            us = [float(x) for x in re.findall(r"([\d.]+)us", part)]
+            if len(us) >= 6:
+                out.setdefault((fam, shape), {})[phase] = (us[0], us[2], us[4])
     return out
 
 

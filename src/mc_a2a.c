@@ -226,12 +226,6 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
   }
   mc_dispatch_args_t args = {tokens,   scales,       indices,      weights, m,
                              bound_m,  expert_x,     expert_scale, expert_count, stream};
-  if (flags == MC_SEND_RECV && a2a->ops->dispatch_send_recv) { /* both halves, one launch where it can */
-    if ((rc = after(a2a, a2a->ops->dispatch_send_recv(a2a, &args))) != MC_SUCCESS) return rc;
-    a2a->round_m = m;
-    a2a->next = MC_NEXT_COMBINE_SEND;
-    return MC_SUCCESS;
-  }
   if (flags & MC_SEND) {
     if ((rc = after(a2a, a2a->ops->dispatch_send(a2a, &args))) != MC_SUCCESS) return rc;
     a2a->next = MC_NEXT_DISPATCH_RECV;
@@ -252,12 +246,6 @@ mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned 
   if ((flags & MC_SEND) && (rc = check_ptr(a2a, call, "expert_y", expert_y, 1, 16))) return rc;
   if ((flags & MC_RECV) && (rc = check_ptr(a2a, call, "out", out, a2a->round_m > 0, 16))) return rc;
   mc_combine_args_t args = {expert_y, out, stream};
-  if (flags == MC_SEND_RECV && a2a->ops->combine_send_recv) { /* both halves, one launch where it can */
-    if ((rc = after(a2a, a2a->ops->combine_send_recv(a2a, &args))) != MC_SUCCESS) return rc;
-    a2a->next = MC_NEXT_DISPATCH_SEND;
-    a2a->stats.rounds++;
-    return MC_SUCCESS;
-  }
   if (flags & MC_SEND) {
     if ((rc = after(a2a, a2a->ops->combine_send(a2a, &args))) != MC_SUCCESS) return rc;
     a2a->next = MC_NEXT_COMBINE_RECV;

@@ -75,12 +75,8 @@ struct mc_transport_ops {
   void (*a2a_destroy)(mc_a2a_t *a2a);
   mc_result_t (*dispatch_send)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*dispatch_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
-  /* optional: both halves in one call (MC_SEND_RECV), which a GPU transport
-   * may run as one launch; else the API layer calls the two halves */
-  mc_result_t (*dispatch_send_recv)(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
   mc_result_t (*combine_send)(mc_a2a_t *a2a, const mc_combine_args_t *args);
   mc_result_t (*combine_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args);
-  mc_result_t (*combine_send_recv)(mc_a2a_t *a2a, const mc_combine_args_t *args); /* optional, as above */
   void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
   mc_result_t (*check)(mc_a2a_t *a2a);  /* optional: failures recorded asynchronously */
   mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */

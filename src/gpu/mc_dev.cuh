@@ -117,7 +117,9 @@ MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int pe
 MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int32_t *)&e->claimed != 0; }
 
 /* Wait until *sig >= target, for at most a->timeout_ns. Returns 0 when it
- * arrived, 1 when this or another thread failed (the caller exits). */
+ * arrived, 1 when this or another thread failed (the caller exits). (A
+ * relaxed poll with one fence.acq_rel after it measured 2 us slower per
+ * combine-recv at EP2: docs/performance.md.) */
 MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
                           int slot, uint64_t round) {
   uint64_t v = mc_sig_load(a, sig);
@@ -127,12 +129,10 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   for (uint32_t it = 1;; it++) {
     v = mc_sig_load(a, sig);
     if (v >= target) return 0;
-    /* back off where ranks share the GPU: hundreds of pollers in tight
-     * loops (other ranks' receive kernels) load the memory system the
-     * senders need. A rank alone on its GPU polls every 32-64 ns: each
-     * nap is time added to the wait it ends */
+    /* back off: hundreds of pollers in tight loops (other ranks' receive
+     * kernels on the same GPU) load the memory system the senders need */
     __nanosleep(nap);
-    if (nap < a->nap_max) nap *= 2;
+    if (nap < 512) nap *= 2;
     if ((it & 15u) == 0) {
       if (mc_dev_failed(a->err)) return 1;
       if (mc_globaltimer_ns() > deadline) {

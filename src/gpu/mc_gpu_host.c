@@ -214,7 +214,11 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->peers = g->peers;
   ka->direct = g->direct;
   ka->gpu_scope = g->gpu_scope;
-  ka->nap_max = g->alone ? 64 : 512;
+  /* a warp per payload piece where this rank has its GPU alone (latency:
+   * more warps in flight); where ranks share it, a warp per record (the
+   * pieces' extra header reads cost 6 us at EP8 on one H200, 128 tokens:
+   * docs/performance.md) */
+  ka->recv_pieces = g->alone ? 1 : mc_token_segs(&a2a->shape);
   ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;

@@ -17,8 +17,6 @@ typedef struct mc_gpu {
   int grid;                /* blocks of the big kernels (MC_THREADS each; combine-send twice as many of half) */
   int alone;               /* no other rank on this GPU */
   int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
-  int coop_dispatch;       /* MC_SEND_RECV dispatch as one cooperative kernel */
-  int coop_combine;        /* MC_SEND_RECV combine as one cooperative kernel */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */

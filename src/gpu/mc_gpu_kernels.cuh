@@ -22,12 +22,10 @@
  * mc_row_segs pieces, and the signals count pieces.
  *
  * Launches (mc_gpu_launch.cuh): where a call's tokens fit one prep chunk,
- * dispatch-send is one kernel (prep in every block, then the pieces), and
- * a call with both halves (MC_SEND_RECV) on a rank that has its GPU alone
- * runs each phase as one cooperative kernel: the send part, then the recv
- * part in the same blocks. Every block of such a kernel is resident (the
- * cooperative launch guarantees it), so a block waiting in its recv part
- * never holds back a block of its own grid that still owes a send.
+ * dispatch-send is one kernel (prep in every block, then the pieces). Each
+ * half is its own kernel: a phase as one kernel (send part, then recv part
+ * in the same blocks) was measured and lost, its waiting blocks slowing
+ * its sending ones in some rounds (docs/performance.md).
  *
  * Why round i+1 cannot overwrite what a peer still reads from round i
  * (the same argument as on the cpu, now across kernels):
@@ -68,11 +66,6 @@
 static inline size_t mc_send_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * (size_t)s->world_size; }
 static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
   return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
-}
-/* the one-launch dispatch: the prep's carving, then (with the recv part) the recv's in the same memory */
-static inline size_t mc_one_dispatch_smem_bytes(const mc_shape_t *s, int recv) {
-  const size_t a = mc_one_smem_bytes(s), b = mc_drecv_smem_bytes(s);
-  return recv && b > a ? b : a;
 }
 
 /* ---- dispatch-send, chunked path: pack payloads into staging (whole
@@ -212,19 +205,21 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   mc_trace_end(&a, MC_TK_DSEND);
 }
 
-/* ---- dispatch-recv (whole grid), a warp per (record, payload piece) ----
+/* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
+ * payload pieces) ----
  * Every block waits for all metas and computes the slot bases itself (a few
  * hundred integers: cheaper than a grid-wide barrier); warps then take
- * (record, piece) in (source, index) order, wait until that source's
- * pieces have all landed, read the record's targets (a lane per k), and
- * copy their piece into every slot of this rank's experts; the warp of
- * piece 0 writes the record's route entry for combine. The last block to
- * finish moves the running totals on. */
+ * items in (source, index) order, wait until that source's pieces have all
+ * landed, read the record's targets (a lane per k), and copy their pieces
+ * into every slot of this rank's experts; the warp of the first piece
+ * writes the record's route entry for combine. The last block to finish
+ * moves the running totals on. */
 MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
   const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
+  const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
   extern __shared__ uint32_t smem[];
   uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
   __shared__ int abort_;
@@ -253,8 +248,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
   int waited_src = -1;
-  for (int it = gw; it < total * S; it += nw) {
-    const int i = it / S, j = it % S;
+  for (int it = gw; it < total * I; it += nw) {
+    const int i = it / I, j0 = (it % I) * P, j1 = j0 + P < S ? j0 + P : S;
     int src = 0, hi = W - 1; /* the last source whose records start at or before i */
     while (src < hi) {
       const int mid = (src + hi + 1) / 2;
@@ -289,10 +284,12 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
       xdst[q] = (unsigned char *)a.expert_x + at * s->token_bytes;
       sdst[q] = s->scale_bytes ? (unsigned char *)a.expert_scale + at * s->scale_bytes : NULL;
     }
-    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-    mc_warp_piece16_to(xdst, n, po, rec + poff + po, (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
-    if (j == S - 1 && s->scale_bytes) mc_warp_piece4_to(sdst, n, 0, rec + soff, s->scale_bytes, lane);
-    if (j == 0) {
+    for (int j = j0; j < j1; j++) {
+      const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
+      mc_warp_piece16_to(xdst, n, po, rec + poff + po, (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
+    }
+    if (j1 == S && s->scale_bytes) mc_warp_piece4_to(sdst, n, 0, rec + soff, s->scale_bytes, lane);
+    if (j0 == 0) {
       mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
       if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};
       if (lane == 0) {
@@ -322,13 +319,11 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
   mc_dispatch_recv_body(a, *mc_ws_round(&a));
 }
 
-/* ---- dispatch in one launch, where the group's tokens fit one prep
+/* ---- dispatch-send in one launch, where the group's tokens fit one prep
  * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
  * then stores its pieces; the last block out writes the round number
- * (every block has read the old one by then). recv (a cooperative launch,
- * MC_SEND_RECV on a rank alone on its GPU): then the recv part, in the
- * same blocks. ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch(mc_kargs_t a, int recv) {
+ * (every block has read the old one by then). ---- */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const uint64_t round = *mc_ws_round(&a) + 1;
   const int m_eff = mc_dispatch_prep(a, MC_PREP_ONE, round);
@@ -341,7 +336,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch(mc_kargs_t a,
   mc_dispatch_send_pieces(a, mc_tab_shared(smem, s), begin, end, 0, sent);
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
-  __syncthreads(); /* sent[] read before the recv part reuses the memory */
   if (threadIdx.x == 0) {
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
     if (atomicAdd(&sc[MC_WS_DONE_DSEND], 1u) == gridDim.x - 1) {
@@ -349,7 +343,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch(mc_kargs_t a,
       *mc_ws_round(&a) = round;
     }
   }
-  if (recv) mc_dispatch_recv_body(a, round);
 }
 
 /* ---- combine-send (whole grid): one warp per (received record, row segment) ----
@@ -365,7 +358,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch(mc_kargs_t a,
 MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, G = s->group_size, K = s->topk, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
+  const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
   const uint64_t round = *mc_ws_round(&a);
   const int n_route = (int)sc[MC_WS_N_ROUTE];
   mc_trace_start(&a, MC_TK_CSEND);
@@ -387,26 +380,17 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   for (int it = gw; it < n_route * segs; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-    /* the entry and its targets in one round trip: lane k loads target k */
-    const mc_target_t mine = lane < K ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
-    const unsigned char *y = (const unsigned char *)a.expert_y;
-    for (int k = 0; k < n; k += 2) { /* ascending local expert, two rows' loads in flight */
-      const float w0 = __shfl_sync(0xffffffffu, mine.weight, k);
-      const uint64_t at0 = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, k) * cap + __shfl_sync(0xffffffffu, mine.pos, k);
-      if (k + 1 < n) {
-        const float w1 = __shfl_sync(0xffffffffu, mine.weight, k + 1);
-        const uint64_t at1 =
-            (uint64_t)__shfl_sync(0xffffffffu, mine.expert, k + 1) * cap + __shfl_sync(0xffffffffu, mine.pos, k + 1);
-        mc_seg_axpy2(acc, w0, y + at0 * row_bytes, w1, y + at1 * row_bytes, seg, dt);
-      } else {
-        mc_seg_axpy(acc, w0, y + at0 * row_bytes, seg, dt);
-      }
+    for (int k = 0; k < n; k++) {
+      const mc_target_t tg = r->targets[k];
+      mc_seg_axpy(acc, tg.weight,
+                  (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
+                  dt);
     }
     bool any_staged = false;
     for (int p = first; p < first + G; p++) {
@@ -530,19 +514,6 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
 
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
-}
-
-/* ---- combine in one launch (a cooperative kernel: MC_SEND_RECV on a rank
- * alone on its GPU): the send part, then the recv part, in the same
- * blocks; combine-send's grid and shape. ---- */
-static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine(mc_kargs_t a) {
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  switch (a.in_dtype) {
-  case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
-  case MC_DTYPE_FP16: mc_combine_send_body(a, MC_DTYPE_FP16); break;
-  default: mc_combine_send_body(a, MC_DTYPE_FP32); break;
-  }
   MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
 }
 

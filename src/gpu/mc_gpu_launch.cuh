@@ -2,8 +2,8 @@
  * shared by the GPU transports: included by each transport's .cu after
  * mc_gpu_kernels.cuh (whose kernels are static: each transport compiles
  * its own copy over its own device interface). Defines mc_gpu_dsend,
- * mc_gpu_drecv, mc_gpu_dboth, mc_gpu_csend, mc_gpu_crecv, mc_gpu_cboth and
- * mc_gpu_barrier for the transport's ops table. */
+ * mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv and mc_gpu_barrier for the
+ * transport's ops table. */
 #ifndef MC_GPU_LAUNCH_CUH
 #define MC_GPU_LAUNCH_CUH
 
@@ -20,87 +20,52 @@ static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
  * peer thread's receiver, which spins until this thread's kernel runs (EP8
  * as 8 threads on one H200 hung so until the timeout). Reading a kernel's
  * attributes loads it. Then raise the shared-memory limits where the shape
- * needs more than the default 48 KB, and decide the launch plan: the
- * one-launch dispatch where its prep fits, and the cooperative kernels for
- * MC_SEND_RECV where this rank has its GPU alone and every block of them
- * can be resident at once. */
+ * needs more than the default 48 KB, and decide whether dispatch-send may
+ * run as one kernel. */
 static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   mc_gpu_t *g = gpu(a2a);
   const mc_shape_t *s = &a2a->shape;
   static const void *const all[] = {(const void *)mc_k_dispatch_prep, (const void *)mc_k_dispatch_prep_fix,
                                     (const void *)mc_k_dispatch_pack, (const void *)mc_k_dispatch_send,
-                                    (const void *)mc_k_dispatch_recv, (const void *)mc_k_dispatch,
-                                    (const void *)mc_k_combine_send,  (const void *)mc_k_combine_recv,
-                                    (const void *)mc_k_combine,       (const void *)mc_k_barrier};
+                                    (const void *)mc_k_dispatch_send_one, (const void *)mc_k_dispatch_recv,
+                                    (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
+                                    (const void *)mc_k_barrier};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
     e = cudaFuncGetAttributes(&attr, all[i]);
   }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "loading the kernels");
-  int dev = 0, optin = 48 << 10, coop = 0;
+  int dev = 0, optin = 48 << 10;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
   if (mc_prep_smem_bytes(s) > (48u << 10))
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
-  /* one launch: the send-only and the send+recv kernels' shared memory */
-  g->one = !g->staged && mc_one_dispatch_smem_bytes(s, 1) <= (size_t)optin;
-  if (g->one && mc_one_dispatch_smem_bytes(s, 1) > (48u << 10))
-    e = cudaFuncSetAttribute(mc_k_dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)mc_one_dispatch_smem_bytes(s, 1));
+  g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
+  if (g->one && mc_one_smem_bytes(s) > (48u << 10))
+    e = cudaFuncSetAttribute(mc_k_dispatch_send_one, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)mc_one_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the dispatch kernel's shared memory");
-  int fit_d = 0, fit_c = 0;
-  if (g->one) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit_d, mc_k_dispatch, MC_THREADS, mc_one_dispatch_smem_bytes(s, 1));
-  if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit_c, mc_k_combine, MC_CSEND_THREADS, mc_send_smem_bytes(s));
-  if (e != cudaSuccess) return cuda_fail(a2a, e, "the kernels' occupancy");
-  g->coop_dispatch = g->alone && coop && g->one && fit_d * g->sms >= g->grid;
-  g->coop_combine = g->alone && coop && fit_c * g->sms >= 2 * g->grid;
   if (mc_verbose() && a2a->comm->rank == 0)
-    fprintf(stderr, "moecomm: dispatch-send in one launch up to %d tokens: %s; MC_SEND_RECV as one launch: dispatch %s, combine %s\n",
-            mc_prep_chunk(s), g->one ? "yes" : "no", g->coop_dispatch ? "yes" : "no", g->coop_combine ? "yes" : "no");
+    fprintf(stderr, "moecomm: dispatch-send in one launch up to %d tokens: %s\n", mc_prep_chunk(s),
+            g->one ? "yes" : "no (a peer reached by puts)");
   return MC_SUCCESS;
 }
 
-/* A cooperative launch: every block resident at once, or an error. */
-template <typename... A>
-static cudaError_t mc_launch_coop(void (*k)(A...), int grid, int threads, size_t smem, cudaStream_t st, A... args) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3((unsigned)threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, k, args...);
-}
-
-/* Check what the device recorded, then launch the kernels of the halves
- * asked for (MC_SEND, MC_RECV or both) on the caller's stream; a launch
- * error is a CUDA failure of this call. */
-static mc_result_t run_dispatch(mc_a2a_t *a2a, const mc_dispatch_args_t *d, unsigned flags) {
+/* Check what the device recorded, then launch one half's kernels on the
+ * caller's stream; a launch error is a CUDA failure of this call. */
+static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
   mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, d, NULL);
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, d, c);
   if (rc != MC_SUCCESS) return rc;
   mc_gpu_t *g = gpu(a2a);
   const mc_shape_t *s = &a2a->shape;
-  cudaStream_t st = (cudaStream_t)d->stream;
-  cudaError_t e = cudaSuccess;
-  if (flags & MC_SEND) {
-    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch: mc_k_dispatch */
-      if ((flags & MC_RECV) && g->coop_dispatch) {
-        e = mc_launch_coop(mc_k_dispatch, g->grid, MC_THREADS, mc_one_dispatch_smem_bytes(s, 1), st, ka, 1);
-        flags &= ~(unsigned)MC_RECV;
-      } else {
-        mc_k_dispatch<<<g->grid, MC_THREADS, mc_one_dispatch_smem_bytes(s, 0), st>>>(ka, 0);
-      }
+  cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
+  switch (half) {
+  case MC_PHASE_DSEND:
+    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch */
+      mc_k_dispatch_send_one<<<g->grid, MC_THREADS, mc_one_smem_bytes(s), st>>>(ka);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
       mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
@@ -108,39 +73,27 @@ static mc_result_t run_dispatch(mc_a2a_t *a2a, const mc_dispatch_args_t *d, unsi
       if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
       mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(s), st>>>(ka);
     }
+    break;
+  case MC_PHASE_DRECV: mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st>>>(ka); break;
+  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka); break;
+  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
   }
-  if (e == cudaSuccess && (flags & MC_RECV))
-    mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st>>>(ka);
-  if (e == cudaSuccess) e = cudaGetLastError();
+  cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
 }
 
-static mc_result_t run_combine(mc_a2a_t *a2a, const mc_combine_args_t *c, unsigned flags) {
-  mc_kargs_t ka;
-  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, c);
-  if (rc != MC_SUCCESS) return rc;
-  mc_gpu_t *g = gpu(a2a);
-  const mc_shape_t *s = &a2a->shape;
-  cudaStream_t st = (cudaStream_t)c->stream;
-  cudaError_t e = cudaSuccess;
-  if (flags == MC_SEND_RECV && g->coop_combine) {
-    e = mc_launch_coop(mc_k_combine, 2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st, ka);
-  } else {
-    if (flags & MC_SEND) mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
-    if (flags & MC_RECV) mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka);
-  }
-  if (e == cudaSuccess) e = cudaGetLastError();
-  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
+static mc_result_t mc_gpu_dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) {
+  return run_half(a2a, MC_PHASE_DSEND, d, NULL);
 }
-
-static mc_result_t mc_gpu_dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_dispatch(a2a, d, MC_SEND); }
-static mc_result_t mc_gpu_drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *d) { return run_dispatch(a2a, d, MC_RECV); }
-static mc_result_t mc_gpu_dboth(mc_a2a_t *a2a, const mc_dispatch_args_t *d) {
-  return run_dispatch(a2a, d, MC_SEND_RECV);
+static mc_result_t mc_gpu_drecv(mc_a2a_t *a2a, const mc_dispatch_args_t *d) {
+  return run_half(a2a, MC_PHASE_DRECV, d, NULL);
 }
-static mc_result_t mc_gpu_csend(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_combine(a2a, c, MC_SEND); }
-static mc_result_t mc_gpu_crecv(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_combine(a2a, c, MC_RECV); }
-static mc_result_t mc_gpu_cboth(mc_a2a_t *a2a, const mc_combine_args_t *c) { return run_combine(a2a, c, MC_SEND_RECV); }
+static mc_result_t mc_gpu_csend(mc_a2a_t *a2a, const mc_combine_args_t *c) {
+  return run_half(a2a, MC_PHASE_CSEND, NULL, c);
+}
+static mc_result_t mc_gpu_crecv(mc_a2a_t *a2a, const mc_combine_args_t *c) {
+  return run_half(a2a, MC_PHASE_CRECV, NULL, c);
+}
 static mc_result_t mc_gpu_barrier(mc_a2a_t *a2a, void *stream) {
   mc_kargs_t ka;
   mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);

@@ -17,11 +17,11 @@
  *   to the workspace and the headers to staging, for the send kernel.
  *
  * The scan: lane t of a scanning warp owns token t; it ORs its bit into its
- * warp's mask of each of its experts and ranks (one OR per group of lanes
- * that share a column: __match_any_sync, since 32 lanes ORing one rank's
- * word serialise); its place among the warp's tokens is a popcount of the
- * lower lanes, and one thread per column turns the warps' counts into
- * bases. */
+ * warp's mask of each of its experts and ranks (shared-memory atomics: the
+ * same with __match_any_sync grouping the lanes of a column first made the
+ * prep twice as slow, 5.9 -> 11.7 us at one token, docs/performance.md);
+ * its place among the warp's tokens is a popcount of the lower lanes, and
+ * one thread per column turns the warps' counts into bases. */
 #ifndef MC_GPU_PREP_CUH
 #define MC_GPU_PREP_CUH
 
@@ -261,17 +261,16 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
     /* Masks and row counts, one shared-memory RMW per group of lanes with
      * the same column (every lane of a scanning warp takes part: a lane
      * with nothing to add uses a key no other lane has) */
-    if (scanning) {
+    if (ok) {
+#pragma unroll
+      for (int k = 0; k < MC_MAX_TOPK; k++)
+        if (first >> k & 1u) atomicAdd(&rexp[rk[k]], 1u);
+    }
+    if (scan) {
 #pragma unroll
       for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k >= K) continue;
-        const bool f = (first >> k & 1u) != 0; /* first of its rank (valid tokens only) */
-        const uint32_t g_rows = __match_any_sync(0xffffffffu, ok && f ? rk[k] : -1 - lane);
-        if (ok && f && lane == __ffs(g_rows) - 1) atomicAdd(&rexp[rk[k]], (uint32_t)__popc(g_rows)); /* every valid token */
-        const uint32_t g_rank = __match_any_sync(0xffffffffu, scan && f ? rk[k] : -1 - lane);
-        if (scan && f && lane == __ffs(g_rank) - 1) atomicOr(&wm[E + rk[k]], g_rank);
-        const uint32_t g_exp = __match_any_sync(0xffffffffu, scan ? idx[k] : -1 - lane);
-        if (scan && lane == __ffs(g_exp) - 1) atomicOr(&wm[idx[k]], g_exp);
+        if (k < K) atomicOr(&wm[idx[k]], 1u << lane);
+        if (first >> k & 1u) atomicOr(&wm[E + rk[k]], 1u << lane);
       }
     }
     __syncwarp();

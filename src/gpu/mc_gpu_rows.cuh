@@ -102,21 +102,6 @@ MC_DEV void mc_seg_axpy(float acc[MC_SEG_GROUPS_PER_LANE][8], float w, const voi
   for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
     if (mc_seg_q_used(q, dt)) mc_acc8(acc[q], w, v[q], dt);
 }
-/* The same for two rows, both rows' loads in flight together, summed in
- * order (row0 first: the bits of two calls of mc_seg_axpy). A warp that
- * sums a token's rows is a chain of memory round trips, one per call:
- * pairs halve it. */
-MC_DEV void mc_seg_axpy2(float acc[MC_SEG_GROUPS_PER_LANE][8], float w0, const void *row0, float w1, const void *row1,
-                         const mc_seg_t &sg, int dt) {
-  mc_raw8_t v[MC_SEG_GROUPS_PER_LANE], u[MC_SEG_GROUPS_PER_LANE];
-  int64_t g;
-#pragma unroll
-  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-    if (mc_seg_q_used(q, dt) && mc_seg_owns(sg, q, &g)) v[q] = mc_load8_raw(row0, g, dt), u[q] = mc_load8_raw(row1, g, dt);
-#pragma unroll
-  for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
-    if (mc_seg_q_used(q, dt)) mc_acc8(acc[q], w0, v[q], dt), mc_acc8(acc[q], w1, u[q], dt);
-}
 /* seg_dt: the dtype the segment was cut for (the wire's); dt: the row's */
 MC_DEV void mc_seg_store(void *row, const float acc[MC_SEG_GROUPS_PER_LANE][8], const mc_seg_t &sg, int seg_dt,
                          int dt) {

@@ -143,7 +143,7 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
 /* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     "nvshmem",         mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
-    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_dboth, mc_gpu_csend, mc_gpu_crecv, mc_gpu_cboth,
+    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
     mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
 };
 

@@ -274,6 +274,6 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
 /* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_p2p_ops = {
     "p2p",         p2p_comm_init, NULL, p2p_a2a_create, p2p_a2a_destroy,
-    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_dboth, mc_gpu_csend, mc_gpu_crecv, mc_gpu_cboth,
+    mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
     mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
 };
