@@ -20,14 +20,14 @@ log "build: $(( $(date +%s) - t0 )) s"
 L="scripts/mc-launch.sh 8 --"
 results=()
 if [ "$mode" = pplx ]; then
-  # moecomm beside pplx-kernels' own benchmark (its prebuilt binary and
-  # run-pplx.sh in $PPLX_DIR, default .baselines: DEVELOPERS.md), interleaved
+  # moecomm beside pplx-kernels' own benchmark (its prebuilt binary pplx_bench
+  # and its launcher run-pplx.sh in $PPLX_DIR, default .baselines), interleaved
   # PPLX_REPS times (default 2): EP2 with one rank per GPU where there are two
   # GPUs, EP8 on one GPU under MPS (PPLX_EPS picks, default both / 8); the
   # DeepSeek-V3 layer at 1 and 128 tokens and 64 experts top-6 hidden 2048
   # at 128, moecomm timed whole and in halves; scripts/vs_pplx.py's table last
   pp=${PPLX_DIR:-.baselines}
-  [ -x "$pp/pplx_bench" ] || { echo "no $pp/pplx_bench (DEVELOPERS.md: the baselines)"; exit 1; }
+  [ -x "$pp/pplx_bench" ] || { echo "no $pp/pplx_bench: put pplx-kernels' benchmark and run-pplx.sh there"; exit 1; }
   eps=${PPLX_EPS:-8}; [ -z "${PPLX_EPS:-}" ] && [ "$(scripts/mc-launch.sh --gpus)" -ge 2 ] && eps="2 8"
   for ep in $eps; do
     one=; [ "$ep" -gt 2 ] && one=CUDA_VISIBLE_DEVICES=0 # EP8 on one GPU; pplx hangs at 8 ranks over two

@@ -42,8 +42,10 @@
  *   waits for, so rewriting staging in round i+1 is safe.
  * - Running totals (records, rows) and round-tagged SETs (meta, barrier):
  *   no signal is ever reset, so no reset can race with a peer's update.
- *   The round number itself lives in device memory (mc_ws_round_off), bumped by
- *   the prep kernel, so a captured CUDA graph replays correctly.
+ *   The round number itself lives in device memory (mc_ws_round_off),
+ *   bumped by dispatch-send (the last of its blocks to finish, once every
+ *   block has read the old value), so a captured CUDA graph replays
+ *   correctly.
  *
  * Determinism: record positions come from a scan in token order, slots
  * from (source rank, position); sums use __fadd_rn/__fmul_rn (no fma
