@@ -61,23 +61,25 @@ MC_API int mc_version(void);
 typedef enum mc_result {
   MC_SUCCESS = 0,
   MC_ERR_INVALID_ARG = 1,   /* an argument broke a documented rule; nothing changed */
-  MC_ERR_INVALID_USAGE = 2, /* calls out of order (combine before dispatch, recv before send) */
+  MC_ERR_INVALID_USAGE = 2, /* calls out of order (combine before dispatch, recv before send), a
+                               handle used after destroy, ranks of a group that disagree */
   MC_ERR_TIMEOUT = 3,       /* a peer did not arrive in time; the text names phase and rank */
   MC_ERR_UNSUPPORTED = 4,   /* a transport or option this build or machine does not have */
   MC_ERR_SYSTEM = 5,        /* the OS refused (memory, shared memory, sockets); errno in the text */
   MC_ERR_BOOTSTRAP = 6,     /* the out-of-band exchange failed or was refused */
   MC_ERR_CUDA = 7,          /* a CUDA runtime call failed */
   MC_ERR_NVSHMEM = 8,       /* an NVSHMEM call failed */
-  MC_ERR_ABORTED = 9,       /* the handle failed earlier (timeout); destroy it */
+  MC_ERR_ABORTED = 9,       /* the handle failed earlier (timeout); destroy it; the text quotes
+                               the first failure */
   MC_ERR_INTERNAL = 10      /* a bug in moecomm; please report the text */
 } mc_result_t;
 
 /* A static string naming a result code ("MC_ERR_TIMEOUT: ..."). Never NULL. */
 MC_API const char *mc_result_string(mc_result_t result);
 
-/* Details of the last failure of a *_create call made by this thread
- * (thread-local; "" when there was none). Valid until this thread's next
- * moecomm call. */
+/* Details of the last failure of a *_create call made by this thread, or
+ * of a call refused because its handle is not alive (thread-local; "" when
+ * there was none). Valid until this thread's next moecomm call. */
 MC_API const char *mc_last_error(void);
 
 /* ---- enumerations ------------------------------------------------------ */
@@ -137,9 +139,16 @@ MC_API void mc_oob_threads_destroy(mc_oob_threads_t *group);
  * (loopback unless MC_BOOTSTRAP_ADDR names another IPv4 address) and draws a
  * random 128-bit secret; the id carries both. Rank 0 hands the id to the
  * other processes by any means (file, pipe, its own launcher); every process,
- * rank 0 included, then calls mc_oob_socket_create with it. Connections that
- * do not present the secret, name a bad rank, or announce messages larger
- * than the agreed size are refused. Every wait is bounded by timeout_ms. */
+ * rank 0 included, then calls mc_oob_socket_create with it. The secret never
+ * goes over the socket: rank 0 and each joining rank prove to each other that
+ * they hold it (HMAC-SHA256 challenge-response), so a joining rank fails,
+ * revealing nothing, if another process holds rank 0's port (rank 0 exited).
+ * On loopback both ends must also belong to one user. Connections that fail
+ * the proof, name a bad rank, or announce messages larger than the agreed
+ * size are refused; idle ones cannot keep the group from forming. Every wait
+ * is bounded by timeout_ms. Across hosts (MC_BOOTSTRAP_ADDR) the allgather
+ * traffic after the handshake is neither encrypted nor authenticated: use a
+ * trusted network, or your own mc_oob_t. */
 #define MC_UNIQUE_ID_BYTES 128
 typedef struct mc_unique_id {
   char internal[MC_UNIQUE_ID_BYTES];
@@ -183,7 +192,11 @@ MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *c
 
 /* Releases the communicator. Every a2a handle made from it must have been
  * destroyed first (MC_ERR_INVALID_USAGE otherwise, and nothing is freed).
- * NULL is accepted. Local only: it does not wait for peers. */
+ * NULL is accepted. Local only: it does not wait for peers. Destroying it
+ * twice, or any call on it afterwards, returns MC_ERR_INVALID_USAGE (the
+ * getters -1) rather than touching freed memory; that holds as long as no
+ * later communicator happens to get the same address, which stays
+ * undefined. */
 MC_API mc_result_t mc_comm_destroy(mc_comm_t *comm);
 
 /* What the communicator was built with (-1, or MC_TRANSPORT_AUTO, for NULL);
@@ -217,22 +230,27 @@ typedef struct mc_a2a_config {
 #define MC_A2A_CONFIG_INITIALIZER \
   { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16 }
 
-/* Collective over the communicator: every rank passes the same config.
- * Allocates the receive buffers (see mc_a2a_stats_t.buffer_bytes) and
- * exchanges their addresses. On failure *out is NULL and mc_comm_last_error()
- * has the details. */
+/* Collective over the communicator: every rank passes the same config (a
+ * rank that differs makes every rank fail, naming the field and both
+ * values). Allocates the receive buffers (see mc_a2a_stats_t.buffer_bytes)
+ * and exchanges their addresses; on the cpu transport every page of shared
+ * memory is reserved here, so too little memory is MC_ERR_SYSTEM now, never
+ * a crash later. On failure *out is NULL and mc_last_error() and
+ * mc_comm_last_error() have the details. */
 MC_API mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out);
 
-/* Releases the buffers. On the cpu transport it is local: call it after the
- * last combine has returned on every rank (for example after a barrier of the
- * application) so no peer still writes into them. On nvshmem it is
- * collective (NVSHMEM frees symmetric memory collectively); on p2p too (a
- * window is freed once every rank reached destroy, since peers store into
- * it). After a timeout nothing collective is attempted (a dead peer would
- * make it wait forever): the cpu and p2p transports keep this rank's window,
- * nvshmem keeps its symmetric window and then skips nvshmem_finalize in
- * mc_comm_destroy; these are leaks on a failure path, reclaimed at process
- * exit. NULL is accepted. */
+/* Releases the buffers. On the cpu transport it is local and may come at
+ * any time: a window that a peer thread of this process may still write
+ * into stays mapped until that peer destroys its handle too, and peers in
+ * other processes hold their own mappings. On nvshmem it is collective
+ * (NVSHMEM frees symmetric memory collectively); on p2p too (a window is
+ * freed once every rank reached destroy, since peers store into it). After
+ * a timeout nothing collective is attempted (a dead peer would make it wait
+ * forever): p2p keeps this rank's window, nvshmem keeps its symmetric
+ * window and then skips nvshmem_finalize in mc_comm_destroy; these are
+ * leaks on a failure path, reclaimed at process exit. NULL is accepted;
+ * destroying twice, or any call on the handle afterwards, returns
+ * MC_ERR_INVALID_USAGE (as for communicators). */
 MC_API mc_result_t mc_a2a_destroy(mc_a2a_t *a2a);
 
 /* Slots per local expert that the caller must provide in expert_x,
@@ -262,7 +280,10 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  *            (device memory on GPU transports, host memory on cpu). Rows past it
  *            are ignored.
  * Every rank of a group passes the same tokens, indices, weights and m; each
- * sends a share of them.
+ * sends a share of them. The cpu transport compares a digest of m, indices
+ * and weights across a group's ranks and fails every rank's recv half with
+ * MC_ERR_INVALID_USAGE when they differ (the handle is then aborted); the
+ * GPU transports do not check yet.
  *
  * Recv half (flags & MC_RECV) writes:
  *   expert_x     [num_local_experts][capacity][token_bytes]  16-byte aligned

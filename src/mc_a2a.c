@@ -5,7 +5,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mc_handles.h"
 #include "mc_internal.h"
+
+/* Every call on a handle first: NULL, or a handle this process does not
+ * hold (destroyed already), is refused with the reason in this thread's
+ * text, since the handle's own text is gone with it. */
+#define NEED_LIVE_A2A(a2a, call)                                                                                       \
+  do {                                                                                                                 \
+    if (!(a2a)) return mc_fail_tls(MC_ERR_INVALID_ARG, "%s: a2a is NULL", call);                                       \
+    if (!mc_handle_live(a2a))                                                                                          \
+      return mc_fail_tls(MC_ERR_INVALID_USAGE, "%s: a2a=%p is not a live handle (destroyed already?)", call,         \
+                         (const void *)(a2a));                                                                         \
+  } while (0)
 
 static int misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
 
@@ -53,11 +65,45 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   return MC_SUCCESS;
 }
 
+/* The first field in which rank r's config differs from this rank's, with both values. */
+static mc_result_t config_mismatch(mc_comm_t *comm, int r, const mc_a2a_config_t *theirs, const mc_a2a_config_t *mine) {
+#define DIFF(field, fmt, cast)                                                                                         \
+  if (theirs->field != mine->field)                                                                                    \
+    return mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_a2a_create: rank %d passed config->" #field "=" fmt               \
+                   ", rank %d passed " fmt ": every rank must pass the same config", r, (cast)theirs->field,           \
+                   comm->rank, (cast)mine->field);
+  DIFF(max_tokens, "%d", int)
+  DIFF(num_experts, "%d", int)
+  DIFF(experts_per_token, "%d", int)
+  DIFF(token_bytes, "%zu", size_t)
+  DIFF(scale_bytes, "%zu", size_t)
+  DIFF(hidden, "%d", int)
+  DIFF(combine_in_dtype, "%d", int)
+  DIFF(combine_out_dtype, "%d", int)
+  DIFF(version, "%u", unsigned)
+#undef DIFF
+  return mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_a2a_create: rank %d passed a different config than rank %d", r,
+                 comm->rank);
+}
+
+static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out);
+
+/* Any failure's text on the communicator and, for mc_last_error(), in this
+ * thread's text too. */
 mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out) {
   mc_clear_tls_error();
-  if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "out is NULL");
+  if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_create: out is NULL");
   *out = NULL;
-  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "comm is NULL");
+  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_create: comm is NULL");
+  if (!mc_handle_live(comm))
+    return mc_fail_tls(MC_ERR_INVALID_USAGE, "mc_a2a_create: comm=%p is not a live communicator (destroyed already?)",
+                       (void *)comm);
+  mc_result_t rc = a2a_create(comm, config, out);
+  if (rc != MC_SUCCESS) mc_set_tls_error(comm->err);
+  return rc;
+}
+
+static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out) {
   if (!config) return mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_A2A_CONFIG_INITIALIZER)");
   mc_result_t rc = check_config(comm->err, comm, config);
   if (rc != MC_SUCCESS) return rc;
@@ -83,9 +129,7 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
   if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
-    if (memcmp(&all[r], &mine, sizeof mine) != 0)
-      rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
-                   "rank %d passed a different mc_a2a_config_t than rank %d", r, comm->rank);
+    if (memcmp(&all[r], &mine, sizeof mine) != 0) rc = config_mismatch(comm, r, &all[r], &mine);
   free(all);
   if (rc != MC_SUCCESS) return rc;
 
@@ -100,6 +144,10 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
                             mc_dtype_size(config->combine_in_dtype)};
   a2a->stats.size = sizeof a2a->stats;
   rc = ops->a2a_create(a2a);
+  if (rc == MC_SUCCESS && mc_handle_add(a2a) != 0) {
+    ops->a2a_destroy(a2a);
+    rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  }
   if (rc != MC_SUCCESS) {
     memcpy(comm->err, a2a->err, sizeof comm->err);
     free(a2a);
@@ -112,18 +160,26 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
 
 mc_result_t mc_a2a_destroy(mc_a2a_t *a2a) {
   if (!a2a) return MC_SUCCESS;
+  NEED_LIVE_A2A(a2a, "mc_a2a_destroy");
+  mc_handle_remove(a2a);
   a2a->ops->a2a_destroy(a2a);
   a2a->comm->live_a2a--;
   free(a2a);
   return MC_SUCCESS;
 }
 
-int mc_a2a_expert_capacity(const mc_a2a_t *a2a) { return a2a ? mc_expert_capacity(&a2a->shape) : -1; }
-int mc_a2a_num_local_experts(const mc_a2a_t *a2a) { return a2a ? mc_num_local_experts(&a2a->shape) : -1; }
-const char *mc_a2a_last_error(const mc_a2a_t *a2a) { return a2a ? a2a->err : "a2a is NULL"; }
+int mc_a2a_expert_capacity(const mc_a2a_t *a2a) {
+  return a2a && mc_handle_live(a2a) ? mc_expert_capacity(&a2a->shape) : -1;
+}
+int mc_a2a_num_local_experts(const mc_a2a_t *a2a) {
+  return a2a && mc_handle_live(a2a) ? mc_num_local_experts(&a2a->shape) : -1;
+}
+const char *mc_a2a_last_error(const mc_a2a_t *a2a) {
+  return !a2a ? "a2a is NULL" : mc_handle_live(a2a) ? a2a->err : "a2a is not a live handle (destroyed already?)";
+}
 
 mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_get_stats: a2a is NULL");
+  NEED_LIVE_A2A(a2a, "mc_a2a_get_stats");
   mc_a2a_t *h = (mc_a2a_t *)a2a; /* the error text is the only thing written */
   if (!stats) return mc_fail(h->err, MC_ERR_INVALID_ARG, "mc_a2a_get_stats: stats is NULL");
   if (stats->size < sizeof *stats)
@@ -144,11 +200,17 @@ static mc_result_t check_ptr(mc_a2a_t *a2a, const char *call, const char *name, 
   return MC_SUCCESS;
 }
 
+/* A handle that failed for good: the first failure's text stays, quoted in
+ * every later refusal. */
+static mc_result_t refuse_aborted(mc_a2a_t *a2a, const char *call) {
+  if (!a2a->first_err[0]) memcpy(a2a->first_err, a2a->err, sizeof a2a->first_err);
+  return mc_fail(a2a->err, MC_ERR_ABORTED, "%s: this handle failed earlier, destroy it; the failure: %s", call,
+                 a2a->first_err);
+}
+
 static mc_result_t check_flags_and_state(mc_a2a_t *a2a, const char *call, unsigned flags,
                                          mc_phase_t send_phase) {
-  if (a2a->aborted)
-    return mc_fail(a2a->err, MC_ERR_ABORTED,
-                   "%s: this handle failed earlier (see the previous error); destroy it", call);
+  if (a2a->aborted) return refuse_aborted(a2a, call);
   if (flags == 0 || (flags & ~(unsigned)MC_SEND_RECV))
     return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: flags=0x%x must be MC_SEND, MC_RECV or both",
                    call, flags);
@@ -167,6 +229,7 @@ static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
   if (rc == MC_ERR_TIMEOUT || rc == MC_ERR_CUDA || rc == MC_ERR_NVSHMEM || rc == MC_ERR_INTERNAL ||
       rc == MC_ERR_SYSTEM)
     a2a->aborted = 1;
+  if (a2a->aborted && !a2a->first_err[0]) memcpy(a2a->first_err, a2a->err, sizeof a2a->first_err);
   if (a2a->refused) {
     a2a->refused = 0;
     a2a->next = MC_NEXT_DISPATCH_SEND;
@@ -175,16 +238,14 @@ static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
 }
 
 mc_result_t mc_a2a_check(mc_a2a_t *a2a) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_check: a2a is NULL");
-  if (a2a->aborted)
-    return mc_fail(a2a->err, MC_ERR_ABORTED, "mc_a2a_check: this handle failed earlier (see the previous error)");
+  NEED_LIVE_A2A(a2a, "mc_a2a_check");
+  if (a2a->aborted) return refuse_aborted(a2a, "mc_a2a_check");
   return a2a->ops->check ? after(a2a, a2a->ops->check(a2a)) : MC_SUCCESS;
 }
 
 mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_a2a_barrier: a2a is NULL");
-  if (a2a->aborted)
-    return mc_fail(a2a->err, MC_ERR_ABORTED, "mc_a2a_barrier: this handle failed earlier (see the previous error)");
+  NEED_LIVE_A2A(a2a, "mc_a2a_barrier");
+  if (a2a->aborted) return refuse_aborted(a2a, "mc_a2a_barrier");
   if (a2a->ops->barrier) return after(a2a, a2a->ops->barrier(a2a, stream));
   mc_result_t rc = mc_comm_barrier(a2a->comm);
   if (rc != MC_SUCCESS) memcpy(a2a->err, a2a->comm->err, sizeof a2a->err); /* the comm's words, on the handle */
@@ -194,7 +255,7 @@ mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream) {
 mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const int32_t *indices,
                         const float *weights, int m, const int32_t *bound_m, void *expert_x,
                         void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_dispatch: a2a is NULL");
+  NEED_LIVE_A2A(a2a, "mc_dispatch");
   const char *call = "mc_dispatch";
   mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_DISPATCH_SEND);
   if (rc != MC_SUCCESS) return rc;
@@ -239,7 +300,7 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
 }
 
 mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags, void *stream) {
-  if (!a2a) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_combine: a2a is NULL");
+  NEED_LIVE_A2A(a2a, "mc_combine");
   const char *call = "mc_combine";
   mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_COMBINE_SEND);
   if (rc != MC_SUCCESS) return rc;

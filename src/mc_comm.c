@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mc_handles.h"
 #include "mc_internal.h"
 
 #define MC_DEFAULT_TIMEOUT_MS 10000
@@ -66,9 +67,19 @@ mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, in
                                       float *times_us);
 #endif
 
+/* NULL, or a communicator this process does not hold (destroyed already)? */
+static mc_result_t not_live(const mc_comm_t *comm, const char *call) {
+  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "%s: comm is NULL", call);
+  if (!mc_handle_live(comm))
+    return mc_fail_tls(MC_ERR_INVALID_USAGE, "%s: comm=%p is not a live communicator (destroyed already?)", call,
+                       (const void *)comm);
+  return MC_SUCCESS;
+}
+
 mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int warmup, int iters,
                                          float *times_us) {
-  if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "comm is NULL");
+  mc_result_t live = not_live(comm, "mc_comm_bench_dense_alltoall");
+  if (live != MC_SUCCESS) return live;
   if (!times_us || iters < 1 || warmup < 0 || bytes_per_peer == 0)
     return mc_fail(comm->err, MC_ERR_INVALID_ARG, "times_us, iters=%d >= 1, warmup=%d >= 0, bytes_per_peer=%zu > 0",
                    iters, warmup, bytes_per_peer);
@@ -200,6 +211,10 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm->transport = transport;
   const mc_transport_ops_t *ops = mc_transport_ops(transport);
   if (rc == MC_SUCCESS && ops->comm_init) rc = ops->comm_init(comm);
+  if (rc == MC_SUCCESS && mc_handle_add(comm) != 0) {
+    if (ops->comm_fini) ops->comm_fini(comm);
+    rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  }
   if (rc != MC_SUCCESS) {
     mc_set_tls_error(comm->err);
     free(comm);
@@ -211,20 +226,24 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
 
 mc_result_t mc_comm_destroy(mc_comm_t *comm) {
   if (!comm) return MC_SUCCESS;
+  mc_result_t live = not_live(comm, "mc_comm_destroy");
+  if (live != MC_SUCCESS) return live;
   if (comm->live_a2a > 0)
     return mc_fail(comm->err, MC_ERR_INVALID_USAGE,
                    "%d all-to-all handle(s) made from this communicator are not destroyed yet",
                    comm->live_a2a);
+  mc_handle_remove(comm);
   const mc_transport_ops_t *ops = mc_transport_ops(comm->transport);
   if (ops && ops->comm_fini) ops->comm_fini(comm);
   free(comm);
   return MC_SUCCESS;
 }
 
-int mc_comm_rank(const mc_comm_t *comm) { return comm ? comm->rank : -1; }
-int mc_comm_world_size(const mc_comm_t *comm) { return comm ? comm->world_size : -1; }
-int mc_comm_group_size(const mc_comm_t *comm) { return comm ? comm->group_size : -1; }
-mc_transport_t mc_comm_transport(const mc_comm_t *comm) {
-  return comm ? comm->transport : MC_TRANSPORT_AUTO;
+static int is_live(const mc_comm_t *comm) { return comm && mc_handle_live(comm); }
+int mc_comm_rank(const mc_comm_t *comm) { return is_live(comm) ? comm->rank : -1; }
+int mc_comm_world_size(const mc_comm_t *comm) { return is_live(comm) ? comm->world_size : -1; }
+int mc_comm_group_size(const mc_comm_t *comm) { return is_live(comm) ? comm->group_size : -1; }
+mc_transport_t mc_comm_transport(const mc_comm_t *comm) { return is_live(comm) ? comm->transport : MC_TRANSPORT_AUTO; }
+const char *mc_comm_last_error(const mc_comm_t *comm) {
+  return !comm ? "comm is NULL" : mc_handle_live(comm) ? comm->err : "comm is not a live communicator (destroyed already?)";
 }
-const char *mc_comm_last_error(const mc_comm_t *comm) { return comm ? comm->err : "comm is NULL"; }

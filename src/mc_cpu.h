@@ -11,7 +11,7 @@ typedef struct mc_cpu {
   unsigned char **peer;  /* peer[r]: rank r's window as this rank sees it */
   unsigned char *ws;     /* private workspace (mc_workspace_bytes) */
   uint64_t window_bytes;
-  unsigned char *mapped; /* mapped[r]: we mmapped peer r (another process) */
+  int64_t *pid;          /* pid[r]: rank r's process (its liveness names a dead peer in a timeout) */
   int m_eff;             /* valid tokens of the current round (bound_m applied) */
   int n_route;           /* records dispatch-recv took in this round */
 } mc_cpu_t;

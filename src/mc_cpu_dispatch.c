@@ -47,6 +47,19 @@ static mc_result_t check_routing(mc_a2a_t *a2a, const mc_dispatch_args_t *args, 
   return MC_SUCCESS;
 }
 
+/* FNV-1a over the round's inputs that every rank of a group must share:
+ * m (bound_m applied), the indices and the weights (NULL: weights of 1). */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+static uint64_t group_digest(const mc_dispatch_args_t *args, int m_eff, int K) {
+  uint64_t h = fnv1a(1469598103934665603ull, &m_eff, sizeof m_eff);
+  h = fnv1a(h, args->indices, sizeof(int32_t) * (size_t)m_eff * (size_t)K);
+  return args->weights ? fnv1a(h, args->weights, sizeof(float) * (size_t)m_eff * (size_t)K) : fnv1a(h, "1", 1);
+}
+
 mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) {
   const mc_shape_t *s = &a2a->shape;
   mc_cpu_t *c = mc_cpu(a2a);
@@ -104,11 +117,13 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
                         MC_SIG_DISP_RECS, 1, MC_SIG_ADD);
   }
   /* Meta to every rank, so every receiver knows this round's count from us,
-   * zero included. */
+   * zero included, and can compare our inputs' digest with our group's. */
+  const uint64_t digest = s->group_size > 1 ? group_digest(args, m_eff, K) : 0;
   for (int d = 0; d < W; d++) {
     uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
     meta[0] = nrec[d];
     memcpy(meta + 1, npos + (int64_t)d * L, sizeof(uint32_t) * (size_t)L);
+    memcpy(meta + mc_meta_digest_word(s), &digest, sizeof digest);
     mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
                       MC_SIG_SET);
     a2a->stats.dispatch_records_sent += nrec[d];
@@ -140,6 +155,22 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     for (int l = 0; l < L; l++) {
       base[src * L + l] = (uint32_t)args->expert_count[l];
       args->expert_count[l] += (int32_t)meta[1 + l];
+    }
+  }
+  /* The ranks of a group must pass the same m, indices and weights: each
+   * sends its share of the same tokens. Every rank sees every rank's meta,
+   * so every rank finds a disagreement, and none goes on with the round. */
+  for (int src = 0; src < W && s->group_size > 1; src++) {
+    const int first = src / s->group_size * s->group_size;
+    uint64_t d0, d1;
+    memcpy(&d0, (const uint32_t *)(win + mc_disp_meta_off(s, first)) + mc_meta_digest_word(s), sizeof d0);
+    memcpy(&d1, (const uint32_t *)(win + mc_disp_meta_off(s, src)) + mc_meta_digest_word(s), sizeof d1);
+    if (d0 != d1) {
+      a2a->aborted = 1;
+      return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                     "mc_dispatch: ranks %d and %d of group %d passed different m, indices or weights (every rank "
+                     "of a group must pass the same); the round cannot finish",
+                     first, src, src / s->group_size);
     }
   }
   for (int l = 0; l < L; l++)

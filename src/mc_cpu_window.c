@@ -1,12 +1,10 @@
-/* mc_cpu_window.c - the cpu transport's memory and primitives.
+/* mc_cpu_window.c - the cpu transport's windows and primitives.
  *
- * Each rank maps one window (mc_window_bytes) in POSIX shared memory and
- * announces (pid, address, name) through the allgather. A peer in the same
- * process uses the address as is (one mapping: ThreadSanitizer then sees
- * every access to the same bytes); a peer in another process opens the
- * name and maps it. Once every rank has mapped every window (a barrier),
- * the owner unlinks the name, so a killed process leaves nothing behind
- * in /dev/shm and strangers cannot open it any more.
+ * Each rank makes one window (mc_window_bytes) of shared memory
+ * (mc_cpu_shm.c: anonymous, reserved in full, nothing left behind by a
+ * killed process) and announces it through the allgather; every rank maps
+ * every peer's, then a second allgather says that all did, and owners
+ * close their descriptors.
  *
  * Memory order: the writer copies with plain stores, then updates the
  * signal with a release RMW/store; the reader loads the signal with
@@ -14,44 +12,17 @@
  * 8-byte aligned uint64 in shared memory; lock-free C11 atomics on them
  * are valid across processes. */
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "mc_cpu.h"
-
-typedef struct window_id {
-  int64_t pid;
-  uint64_t nonce; /* with pid: "the same process" even across PID namespaces */
-  uint64_t addr;
-  char name[48];
-} window_id_t;
-
-/* A random number drawn once per process: two processes in different PID
- * namespaces can share a pid, never (pid, nonce). */
-static uint64_t process_nonce(void) {
-  static _Atomic uint64_t nonce;
-  uint64_t v = atomic_load(&nonce);
-  if (v) return v;
-  uint64_t r = 0;
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
-    close(fd);
-  }
-  r ^= (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&nonce ^ (uint64_t)time(NULL);
-  if (!r) r = 1;
-  uint64_t expected = 0;
-  atomic_compare_exchange_strong(&nonce, &expected, r); /* the first thread's draw wins */
-  return atomic_load(&nonce);
-}
+#include "mc_cpu_shm.h"
 
 static _Atomic uint64_t *sig_at(unsigned char *window, const mc_shape_t *s, int slot, int peer) {
   return (_Atomic uint64_t *)(void *)(window + mc_sig_off(s, slot, peer));
@@ -75,135 +46,164 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Rank r's own "waiting for" word (MC_SIG_WAITING), in its window. */
+static _Atomic uint64_t *waiting_word(mc_a2a_t *a2a, int r) {
+  return sig_at(mc_cpu(a2a)->peer[r], &a2a->shape, MC_SIG_WAITING, r);
+}
+
+/* Whether rank r's process is gone: no such process, or a zombie that
+ * its parent has not reaped yet (a peer in another process only: a thread
+ * of this one cannot be told dead from stalled). */
+static int process_gone(mc_a2a_t *a2a, int r) {
+  const int64_t pid = mc_cpu(a2a)->pid[r];
+  if (pid == (int64_t)getpid()) return 0;
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
+  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
+}
+
+/* After a timeout waiting for `peer`: follow who waits for whom from there
+ * to the rank at the root (one that waits for nobody, or whose process is
+ * gone), so that every survivor names the rank that is missing, not a live
+ * one that was itself waiting for it. */
+static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
+  const int W = a2a->comm->world_size, me = a2a->comm->rank;
+  size_t off = 0;
+  out[0] = '\0';
+  for (int hop = 0, cur = peer; hop < W && off < n; hop++) {
+    const char *sep = hop ? "," : ";";
+    if (process_gone(a2a, cur)) {
+      snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
+               (long long)mc_cpu(a2a)->pid[cur], cur);
+      return;
+    }
+    const uint64_t w = atomic_load_explicit(waiting_word(a2a, cur), memory_order_relaxed);
+    const int next = (int)w - 1;
+    if (w == 0 || w > (uint64_t)W || next == me || next == cur) {
+      if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
+      return;
+    }
+    off += (size_t)snprintf(out + off, n - off, "%s rank %d waits for rank %d", sep, cur, next);
+    cur = next;
+  }
+}
+
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
                            uint64_t *seen) {
   _Atomic uint64_t *sig = sig_at(mc_cpu_mine(a2a), &a2a->shape, slot, peer);
   uint64_t v = atomic_load_explicit(sig, memory_order_acquire);
   if (v >= target) goto done;
+  _Atomic uint64_t *waiting = waiting_word(a2a, a2a->comm->rank);
+  atomic_store_explicit(waiting, (uint64_t)peer + 1, memory_order_relaxed);
   /* Spin briefly (the peer is usually a few microseconds away), then yield:
    * ranks often outnumber cores, and a spinning rank would starve the one it
    * waits for. The clock is read every 64 polls to keep polling cheap. */
   uint64_t deadline = now_ns() + (uint64_t)a2a->comm->timeout_ms * 1000000ull;
   for (unsigned it = 1;; it++) {
     v = atomic_load_explicit(sig, memory_order_acquire);
-    if (v >= target) goto done;
+    if (v >= target) break;
     if (it > 32) sched_yield();
     if (it % 64 == 0 && now_ns() > deadline) {
       static const char *what[] = {"dispatch meta", "dispatch records", "combine rows",
                                    "combine entry (round barrier)"};
+      char root[256];
+      describe_root(a2a, peer, root, sizeof root);
       return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                     "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)",
+                     "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
                      phase, a2a->comm->rank, a2a->comm->timeout_ms, peer, what[slot],
-                     (unsigned long long)target, (unsigned long long)v);
+                     (unsigned long long)target, (unsigned long long)v, root);
     }
   }
+  atomic_store_explicit(waiting, 0, memory_order_relaxed);
 done:
   if (seen) *seen = v;
   return MC_SUCCESS;
 }
 
-static void unmap_all(mc_a2a_t *a2a) {
+/* Let go of every window this rank uses (the last user in this process
+ * unmaps each: a peer thread may still write into ours), and the rest. */
+static void release_all(mc_a2a_t *a2a) {
   mc_cpu_t *c = mc_cpu(a2a);
-  for (int r = 0; c->peer && r < a2a->comm->world_size; r++) {
-    if (!c->peer[r] || !(c->mapped[r] || r == a2a->comm->rank)) continue;
-    /* After a timeout a slow peer may still write into our window: keep it
-     * mapped (a leak on a failure path) rather than let that write land in
-     * unmapped or reused memory. */
-    if (r == a2a->comm->rank && a2a->aborted) continue;
-    munmap(c->peer[r], c->window_bytes);
-  }
+  for (int r = 0; c->peer && r < a2a->comm->world_size; r++) mc_shm_release(c->peer[r]);
   free(c->peer);
-  free(c->mapped);
+  free(c->pid);
   free(c->ws);
   free(c);
   a2a->impl = NULL;
 }
 
-static mc_result_t map_peer(mc_a2a_t *a2a, const window_id_t *id, int r) {
-  mc_cpu_t *c = mc_cpu(a2a);
-  if (id->pid == (int64_t)getpid() && id->nonce == process_nonce()) {
-    c->peer[r] = (unsigned char *)(uintptr_t)id->addr;
-    return MC_SUCCESS;
-  }
-  int fd = shm_open(id->name, O_RDWR, 0600);
-  if (fd < 0)
-    return mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d: cannot open rank %d's window %s: %s",
-                   a2a->comm->rank, r, id->name, strerror(errno));
-  void *p = mmap(NULL, c->window_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED)
-    return mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d: cannot map rank %d's window (%llu bytes): %s",
-                   a2a->comm->rank, r, (unsigned long long)c->window_bytes, strerror(errno));
-  c->peer[r] = p;
-  c->mapped[r] = 1;
-  return MC_SUCCESS;
-}
+/* A rank's verdict after mapping, with its reason for the others' texts. */
+typedef struct map_verdict {
+  int32_t ok;
+  char why[124];
+} map_verdict_t;
 
 static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
   const mc_shape_t *s = &a2a->shape;
-  int me = a2a->comm->rank, W = a2a->comm->world_size;
+  mc_comm_t *comm = a2a->comm;
+  const int me = comm->rank, W = comm->world_size;
   mc_cpu_t *c = calloc(1, sizeof *c);
   if (!c) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   a2a->impl = c;
   c->window_bytes = mc_window_bytes(s);
   c->peer = calloc((size_t)W, sizeof *c->peer);
-  c->mapped = calloc((size_t)W, 1);
+  c->pid = calloc((size_t)W, sizeof *c->pid);
   c->ws = calloc(1, mc_workspace_bytes(s));
-  window_id_t mine = {(int64_t)getpid(), process_nonce(), 0, {0}}, *all = calloc((size_t)W, sizeof mine);
-  mc_result_t rc = MC_SUCCESS;
-  if (!c->peer || !c->mapped || !c->ws || !all) {
+  mc_shm_card_t mine, *all = calloc((size_t)W, sizeof mine);
+  map_verdict_t verdict = {1, ""}, *verdicts = calloc((size_t)W, sizeof verdict);
+  if (!c->peer || !c->pid || !c->ws || !all || !verdicts) {
     /* without a place to receive, we cannot take part in the exchange; the
      * peers' allgather fails on its own timeout */
     free(all);
-    unmap_all(a2a);
+    free(verdicts);
+    release_all(a2a);
     return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   }
-
-  /* A fresh name per window: pid, rank, and random bits against collisions. */
-  unsigned rnd = (unsigned)now_ns() ^ (unsigned)(uintptr_t)c;
-  snprintf(mine.name, sizeof mine.name, "/moecomm-%d-%d-%08x", (int)getpid(), me, rnd);
-  int fd = -1, fd_made = 0;
-  if (rc == MC_SUCCESS) {
-    fd = shm_open(mine.name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    fd_made = fd >= 0;
-    if (fd < 0 || ftruncate(fd, (off_t)c->window_bytes) != 0)
-      rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d: cannot create a %llu-byte shared window %s: %s",
-                   me, (unsigned long long)c->window_bytes, mine.name, strerror(errno));
+  void *p = NULL;
+  mc_result_t rc = mc_shm_create(c->window_bytes, me, &mine, &p, a2a->err);
+  c->peer[me] = p;
+  /* Allgather even after a local failure (the card says why) so peers
+   * learn of it instead of waiting for us until their timeout. */
+  mc_result_t grc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  if (grc != MC_SUCCESS) {
+    if (rc == MC_SUCCESS) rc = mc_fail(a2a->err, grc, "creating the windows: %s", comm->err);
+  } else {
+    for (int r = 0; r < W; r++) c->pid[r] = all[r].pid;
+    for (int r = 0; rc == MC_SUCCESS && r < W; r++) {
+      if (all[r].addr == 0)
+        rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d could not make its window: %s", r, all[r].why);
+      else if (r != me)
+        rc = mc_shm_open(&all[r], c->window_bytes, (void **)&c->peer[r], a2a->err);
+    }
+    /* Everyone has mapped (or failed): owners close their descriptors. A
+     * rank that failed says why, so that every rank names it. */
+    verdict.ok = rc == MC_SUCCESS;
+    if (!verdict.ok) snprintf(verdict.why, sizeof verdict.why, "%.*s", (int)sizeof verdict.why - 1, a2a->err);
+    grc = mc_comm_allgather(comm, &verdict, verdicts, sizeof verdict);
+    if (rc == MC_SUCCESS && grc != MC_SUCCESS) rc = mc_fail(a2a->err, grc, "creating the windows: %s", comm->err);
+    for (int r = 0; rc == MC_SUCCESS && r < W; r++)
+      if (!verdicts[r].ok)
+        rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d could not map the windows: %s", r, verdicts[r].why);
   }
-  if (rc == MC_SUCCESS) {
-    void *p = mmap(NULL, c->window_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d: cannot map its window: %s", me, strerror(errno));
-    else c->peer[me] = p, mine.addr = (uint64_t)(uintptr_t)p;
-  }
-  if (fd >= 0) close(fd);
-  /* Allgather even after a local failure (with addr 0) so peers learn of it
-   * instead of waiting for us until their timeout. */
-  mc_result_t grc = mc_comm_allgather(a2a->comm, &mine, all, sizeof mine);
-  if (rc == MC_SUCCESS && grc != MC_SUCCESS)
-    rc = mc_fail(a2a->err, grc, "%s", a2a->comm->err);
-  for (int r = 0; rc == MC_SUCCESS && r < W; r++) {
-    if (all[r].addr == 0)
-      rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "rank %d could not create its window", r);
-    else if (r != me)
-      rc = map_peer(a2a, &all[r], r);
-  }
-  /* Everyone has mapped (or failed): the names are no longer needed. */
-  int ok = rc == MC_SUCCESS, *oks = (int *)all; /* reuse: W window ids are larger than W ints */
-  grc = mc_comm_allgather(a2a->comm, &ok, oks, sizeof ok);
-  if (fd_made) shm_unlink(mine.name);
-  for (int r = 0; rc == MC_SUCCESS && r < W; r++)
-    if (grc != MC_SUCCESS || !oks[r]) rc = mc_fail(a2a->err, MC_ERR_BOOTSTRAP, "rank %d failed to map the windows", r);
+  mc_shm_close_fd(&mine);
   free(all);
+  free(verdicts);
   if (rc != MC_SUCCESS) {
-    unmap_all(a2a);
+    release_all(a2a);
     return rc;
   }
   a2a->stats.buffer_bytes = c->window_bytes + mc_workspace_bytes(s);
   return MC_SUCCESS;
 }
 
-static void cpu_a2a_destroy(mc_a2a_t *a2a) { unmap_all(a2a); }
+static void cpu_a2a_destroy(mc_a2a_t *a2a) { release_all(a2a); }
 
 /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
 const mc_transport_ops_t mc_cpu_ops = {

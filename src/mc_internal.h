@@ -62,6 +62,7 @@ struct mc_a2a {
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];
+  char first_err[MC_ERRTEXT_LEN]; /* the failure that aborted the handle, kept for later refusals */
 };
 
 /* A transport: create/destroy the buffers of one a2a handle, and run the four

@@ -56,7 +56,10 @@ enum {
   MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
   MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (GPU transports) */
-  MC_SIG_COUNT = 5
+  MC_SIG_WAITING = 5,   /* cpu: entry [owner] of the owner's own window: 1 + the rank it waits
+                           for, 0 when not waiting; read by a peer that timed out, to name the
+                           rank at the root of a chain of waits */
+  MC_SIG_COUNT = 6
 };
 
 /* How a put or signal updates the receiver's signal word. */
@@ -106,9 +109,14 @@ MC_HD uint64_t mc_record_scale_off(const mc_shape_t *s) { return mc_header_bytes
 MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
   return mc_align_up(mc_header_bytes(s) + s->token_bytes + s->scale_bytes, MC_ALIGN);
 }
-/* Meta from one source: uint32 n_records, then uint32 count per local expert. */
+/* Meta from one source: uint32 n_records, then uint32 count per local
+ * expert, then a 64-bit digest of the round's inputs of the source's group
+ * (m, indices, weights; two uint32 from word mc_meta_digest_word): the
+ * ranks of a group must pass the same, and a receiver compares the members'
+ * digests (cpu transport; the GPU kernels leave the words alone). */
+MC_HD int mc_meta_digest_word(const mc_shape_t *s) { return 1 + mc_num_local_experts(s); }
 MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
-  return mc_align_up((1 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
+  return mc_align_up((3 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
 }
 MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
 /* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */

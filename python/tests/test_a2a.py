@@ -80,3 +80,27 @@ def test_python_allgather_callback(rng):
     assert not errors, errors
     for rank, (got, L) in enumerate(results):
         check_rank(groups, rank, 1, L, got, "fp32", "fp32")
+
+
+def test_rank_leaving_early_does_not_crash_its_peers():
+    """A thread rank that raises inside `with AllToAll(...)` destroys its handle at once; its
+    peer then dispatches into that rank's window (kept mapped while the peer uses it) and gets
+    a timeout naming the rank, not a crash."""
+    outcome = {}
+
+    def rank_fn(rank, comm):
+        with moecomm.AllToAll(comm, max_tokens=4, num_experts=4, experts_per_token=2, hidden=HIDDEN,
+                              token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32") as a2a:
+            if rank == 0:
+                raise RuntimeError("rank 0 leaves")
+            x = np.ones((4, HIDDEN), np.float32)
+            idx = np.array([[0, 1], [1, 2], [2, 3], [3, 0]], np.int32)
+            try:
+                a2a.dispatch(a2a.alloc_expert_num_tokens(), a2a.alloc_expert_x(np.float32), None, x, None, idx)
+            except moecomm.MoecommTimeout as e:
+                outcome["text"] = str(e)
+        return None
+
+    with pytest.raises(RuntimeError, match="rank 0 leaves"):
+        run_threads(2, rank_fn, timeout_ms=300)
+    assert "waiting for rank 0" in outcome["text"]

@@ -153,7 +153,7 @@ static const char *phase_name(int p) {
 }
 static const char *slot_name(int s) {
   static const char *n[] = {"dispatch meta", "dispatch records", "combine rows, counted in row segments",
-                            "combine entry (round barrier)", "barrier"};
+                            "combine entry (round barrier)", "barrier", "waiting"};
   return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 

@@ -1,0 +1,293 @@
+/* test_hardening.c - careless and unlucky use on the cpu transport: a
+ * window larger than the memory left, handles used after destroy, a rank
+ * that destroys early while a peer thread still writes into its window,
+ * the first failure's text kept after an abort, configs and group inputs
+ * that disagree, and a timeout that names the dead rank at the root. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mc_test.h"
+
+/* A few ranks as threads, each running `body(rank, comm)` on a fresh
+ * communicator; the results in rc[] and texts in msg[]. */
+typedef struct trun {
+  int world, group, timeout_ms;
+  int (*body)(struct trun *t, int rank, mc_comm_t *comm);
+  mc_oob_threads_t *oob;
+  mc_result_t rc[8];
+  char msg[8][512];
+  void *shared; /* per test */
+} trun_t;
+typedef struct {
+  trun_t *t;
+  int rank;
+} targ_t;
+
+static void *trun_main(void *p) {
+  targ_t *a = p;
+  trun_t *t = a->t;
+  mc_oob_t oob;
+  mc_comm_t *comm = NULL;
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.group_size = t->group;
+  cc.transport = MC_TRANSPORT_CPU;
+  cc.timeout_ms = t->timeout_ms;
+  mc_oob_threads_get(t->oob, a->rank, &oob);
+  if (mc_comm_create(&oob, &cc, &comm) != MC_SUCCESS) {
+    t->rc[a->rank] = MC_ERR_INTERNAL;
+    snprintf(t->msg[a->rank], sizeof t->msg[0], "comm create: %s", mc_last_error());
+    return NULL;
+  }
+  t->body(t, a->rank, comm);
+  return NULL;
+}
+
+static int trun(trun_t *t) {
+  pthread_t th[8];
+  targ_t args[8];
+  if (mc_oob_threads_create(t->world, 20000, &t->oob) != MC_SUCCESS) return -1;
+  for (int r = 0; r < t->world; r++) {
+    args[r] = (targ_t){t, r};
+    pthread_create(&th[r], NULL, trun_main, &args[r]);
+  }
+  for (int r = 0; r < t->world; r++) pthread_join(th[r], NULL);
+  mc_oob_threads_destroy(t->oob);
+  return 0;
+}
+
+static mc_a2a_config_t small_config(void) {
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = 4;
+  ac.num_experts = 4;
+  ac.experts_per_token = 2;
+  ac.token_bytes = 64;
+  ac.hidden = 32;
+  ac.combine_in_dtype = MC_DTYPE_FP32;
+  ac.combine_out_dtype = MC_DTYPE_FP32;
+  return ac;
+}
+
+/* ---- a window larger than the memory this process may take ---- */
+static int too_big_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  ac.max_tokens = 1 << 20;
+  ac.token_bytes = (size_t)1 << 24; /* records of 16 MiB: terabytes of window */
+  mc_a2a_t *a2a = NULL;
+  t->rc[rank] = mc_a2a_create(comm, &ac, &a2a);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_last_error());
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_window_too_big(void) {
+  trun_t t = {.world = 2, .group = 1, .timeout_ms = 5000, .body = too_big_body};
+  MC_CHECK(trun(&t) == 0);
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "rank %d: %s: %s\n", r, mc_result_string(t.rc[r]), t.msg[r]);
+    MC_CHECK_MSG(t.rc[r] == MC_ERR_SYSTEM, "rank %d: %s", r, t.msg[r]);
+    MC_CHECK_MSG(strstr(t.msg[r], "bytes of shared memory") != NULL, "rank %d: %s", r, t.msg[r]);
+  }
+  return 0;
+}
+
+/* ---- destroy twice, use after destroy ---- */
+int test_use_after_destroy(void) {
+  mc_oob_threads_t *g;
+  mc_oob_t oob;
+  MC_CHECK_OK(mc_oob_threads_create(1, 5000, &g));
+  MC_CHECK_OK(mc_oob_threads_get(g, 0, &oob));
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.transport = MC_TRANSPORT_CPU;
+  mc_comm_t *comm;
+  MC_CHECK_OK(mc_comm_create(&oob, &cc, &comm));
+  mc_a2a_config_t ac = small_config();
+  mc_a2a_t *a2a;
+  MC_CHECK_OK(mc_a2a_create(comm, &ac, &a2a));
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
+  MC_CHECK_RC(mc_a2a_destroy(a2a), MC_ERR_INVALID_USAGE);
+  MC_CHECK(strstr(mc_last_error(), "not a live handle") != NULL);
+  int32_t idx[8] = {0, 1, 2, 3, 0, 1, 2, 3}, count[4];
+  unsigned char tok[4 * 64], x[4 * 4 * 64];
+  MC_CHECK_RC(mc_dispatch(a2a, tok, NULL, idx, NULL, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL),
+              MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_combine(a2a, x, tok, MC_SEND_RECV, NULL), MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_a2a_check(a2a), MC_ERR_INVALID_USAGE);
+  MC_CHECK(mc_a2a_expert_capacity(a2a) == -1 && mc_a2a_num_local_experts(a2a) == -1);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "not a live handle") != NULL);
+  MC_CHECK_OK(mc_comm_destroy(comm));
+  MC_CHECK_RC(mc_comm_destroy(comm), MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_a2a_create(comm, &ac, &a2a), MC_ERR_INVALID_USAGE);
+  MC_CHECK(mc_comm_rank(comm) == -1 && mc_comm_world_size(comm) == -1);
+  mc_oob_threads_destroy(g);
+  return 0;
+}
+
+/* ---- a rank destroys at once; its peer thread dispatches into its window ---- */
+static int early_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  mc_a2a_t *a2a = NULL;
+  if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
+  if (rank == 0) { /* gone before the first round: its window stays while rank 1 may write */
+    t->rc[rank] = mc_a2a_destroy(a2a);
+    mc_comm_destroy(comm);
+    return 0;
+  }
+  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[2];
+  float w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  unsigned char tok[4 * 64], x[2 * 8 * 64];
+  memset(tok, 7, sizeof tok);
+  t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, w, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_a2a_last_error(a2a));
+  mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_early_destroy(void) {
+  trun_t t = {.world = 2, .group = 1, .timeout_ms = 300, .body = early_body};
+  MC_CHECK(trun(&t) == 0);
+  fprintf(stderr, "rank 1: %s: %s\n", mc_result_string(t.rc[1]), t.msg[1]);
+  MC_CHECK(t.rc[0] == MC_SUCCESS);
+  MC_CHECK_MSG(t.rc[1] == MC_ERR_TIMEOUT && strstr(t.msg[1], "waiting for rank 0") != NULL, "%s", t.msg[1]);
+  return 0;
+}
+
+/* ---- the first failure stays readable after MC_ERR_ABORTED ---- */
+static int abort_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  mc_a2a_t *a2a = NULL;
+  if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
+  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[2];
+  unsigned char tok[4 * 64], x[2 * 8 * 64];
+  memset(tok, 7, sizeof tok);
+  if (rank == 1) { /* silent: never dispatches */
+    while (!__atomic_load_n((int *)t->shared, __ATOMIC_ACQUIRE)) usleep(1000);
+  } else {
+    mc_result_t first = mc_dispatch(a2a, tok, NULL, idx, NULL, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
+    t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, NULL, 4, NULL, x, NULL, count, MC_SEND, NULL);
+    snprintf(t->msg[rank], sizeof t->msg[0], "%d|%s", (int)first, mc_a2a_last_error(a2a));
+    __atomic_store_n((int *)t->shared, 1, __ATOMIC_RELEASE);
+  }
+  mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_abort_keeps_first_error(void) {
+  int done = 0;
+  trun_t t = {.world = 2, .group = 1, .timeout_ms = 300, .body = abort_body, .shared = &done};
+  MC_CHECK(trun(&t) == 0);
+  fprintf(stderr, "rank 0: %s\n", t.msg[0]);
+  MC_CHECK(t.rc[0] == MC_ERR_ABORTED);
+  MC_CHECK_MSG(atoi(t.msg[0]) == MC_ERR_TIMEOUT, "%s", t.msg[0]);
+  MC_CHECK_MSG(strstr(t.msg[0], "failed earlier") != NULL && strstr(t.msg[0], "timed out") != NULL &&
+                   strstr(t.msg[0], "waiting for rank 1") != NULL,
+               "%s", t.msg[0]);
+  return 0;
+}
+
+/* ---- configs that differ: the field and both values ---- */
+static int mismatch_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  if (rank == 1) ac.hidden = 48;
+  mc_a2a_t *a2a = NULL;
+  t->rc[rank] = mc_a2a_create(comm, &ac, &a2a);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_last_error());
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_config_mismatch_named(void) {
+  trun_t t = {.world = 2, .group = 1, .timeout_ms = 2000, .body = mismatch_body};
+  MC_CHECK(trun(&t) == 0);
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "rank %d: %s\n", r, t.msg[r]);
+    MC_CHECK(t.rc[r] == MC_ERR_INVALID_ARG);
+    MC_CHECK_MSG(strstr(t.msg[r], "config->hidden=") != NULL && strstr(t.msg[r], "48") != NULL &&
+                     strstr(t.msg[r], "32") != NULL,
+                 "%s", t.msg[r]);
+  }
+  return 0;
+}
+
+/* ---- the ranks of a group pass different weights ---- */
+static int group_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  mc_a2a_t *a2a = NULL;
+  if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
+  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[4];
+  float w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  if (rank == 1) w[5] = 0.5f;
+  unsigned char tok[4 * 64], x[4 * 4 * 64];
+  memset(tok, 7, sizeof tok);
+  t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, w, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_a2a_last_error(a2a));
+  mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_group_inputs_differ(void) {
+  trun_t t = {.world = 2, .group = 2, .timeout_ms = 2000, .body = group_body};
+  MC_CHECK(trun(&t) == 0);
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "rank %d: %s\n", r, t.msg[r]);
+    MC_CHECK(t.rc[r] == MC_ERR_INVALID_USAGE);
+    MC_CHECK_MSG(strstr(t.msg[r], "different m, indices or weights") != NULL, "%s", t.msg[r]);
+  }
+  return 0;
+}
+
+/* ---- a killed process is named as the one missing ---- */
+int test_timeout_names_dead_rank(void) {
+  mc_unique_id_t id;
+  MC_CHECK_OK(mc_unique_id_create(&id));
+  const int W = 3, dead = 2;
+  int fds[3][2];
+  pid_t pid[3];
+  fflush(NULL);
+  for (int r = 0; r < W; r++) {
+    if (pipe(fds[r]) != 0) return 1;
+    pid[r] = fork();
+    if (pid[r] == 0) {
+      close(fds[r][0]);
+      mc_oob_socket_t *sock;
+      mc_oob_t oob;
+      mc_comm_t *comm;
+      mc_a2a_t *a2a;
+      mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+      cc.transport = MC_TRANSPORT_CPU;
+      cc.timeout_ms = 500;
+      mc_a2a_config_t ac = small_config();
+      ac.num_experts = 6;
+      if (mc_oob_socket_create(&id, r, W, 10000, &sock) || mc_oob_socket_get(sock, &oob) ||
+          mc_comm_create(&oob, &cc, &comm) || mc_a2a_create(comm, &ac, &a2a))
+        _exit(2);
+      if (r == dead) raise(SIGKILL); /* after create, before the first round */
+      int32_t idx[8] = {0, 5, 2, 3, 4, 1, 3, 0}, count[2];
+      unsigned char tok[4 * 64], x[2 * 12 * 64];
+      memset(tok, 1, sizeof tok);
+      mc_result_t rc = mc_dispatch(a2a, tok, NULL, idx, NULL, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
+      char msg[600];
+      int n = snprintf(msg, sizeof msg, "%d|%s", (int)rc, mc_a2a_last_error(a2a));
+      if (write(fds[r][1], msg, (size_t)n) != n) _exit(3);
+      _exit(0);
+    }
+    close(fds[r][1]);
+  }
+  for (int r = 0; r < W; r++) {
+    char msg[600] = "";
+    ssize_t n = read(fds[r][0], msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fds[r][0]);
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    if (r == dead) continue;
+    fprintf(stderr, "rank %d: %s\n", r, msg);
+    MC_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited %d", r, st);
+    MC_CHECK_MSG(atoi(msg) == MC_ERR_TIMEOUT && strstr(msg, "rank 2's process") != NULL &&
+                     strstr(msg, "is the one missing") != NULL,
+                 "rank %d: %s", r, msg);
+  }
+  return 0;
+}
