@@ -173,7 +173,7 @@ typedef struct mc_comm_config {
   unsigned int version;     /* MC_VERSION, set by the initializer */
   int group_size;           /* ranks that hold the same tokens; divides world_size. Default 1 */
   mc_transport_t transport; /* default MC_TRANSPORT_AUTO */
-  int timeout_ms;           /* bound of every wait, ms; 0: env MC_TIMEOUT_MS, else 10000 */
+  int timeout_ms;           /* bound of every wait, ms; 0: MC_TIMEOUT_MS from the environment, else 10000 */
   int device;               /* CUDA device of this rank for GPU transports; -1: current */
 } mc_comm_config_t;
 

@@ -5,7 +5,7 @@
 # different machines differ by a few us). OLD_TREE: a plain copy of the old
 # commit inside the repo, e.g. `git archive REV | tar -x -C ab-old`.
 # AB_POINTS: tokens per rank (default "1 32 128"); AB_VARIANTS: extra
-# environments for this tree, each timed too (e.g. "MC_GPU_STAGED=1"). A table last.
+# environments for this tree, each timed too (e.g. "MC_TEST_STAGED=1"). A table last.
 set -uo pipefail
 old=$(cd "$1" && pwd) || exit 2; n=${2:-2}
 out=${OUT:-$PWD/gpu-ab-out}

@@ -168,8 +168,8 @@ tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_
 for t in $tests; do run_test "$t"; done
 # the paths the defaults on one GPU do not take: NVSHMEM puts from staging
 # (what a NIC carries), system-scope signals (what several GPUs need)
-run_test gpu_ep_sizes MC_GPU_STAGED=1
-run_test gpu_ep_sizes MC_GPU_SCOPE=sys
+run_test gpu_ep_sizes MC_TEST_STAGED=1
+run_test gpu_ep_sizes MC_TEST_SYS_SCOPE=1
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
 for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_p2p_threads) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 

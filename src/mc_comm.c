@@ -8,8 +8,7 @@
 
 #include "mc_handles.h"
 #include "mc_internal.h"
-
-#define MC_DEFAULT_TIMEOUT_MS 10000
+#include "mc_params.h"
 
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes) {
   int rc = comm->oob.allgather(send, recv, bytes, comm->oob.user);
@@ -29,14 +28,6 @@ mc_result_t mc_comm_barrier(mc_comm_t *comm) {
   return rc;
 }
 
-static int env_timeout_ms(void) {
-  const char *v = getenv("MC_TIMEOUT_MS");
-  if (!v || !*v) return MC_DEFAULT_TIMEOUT_MS;
-  char *end;
-  long t = strtol(v, &end, 10);
-  return (*end == '\0' && t > 0 && t <= 86400000L) ? (int)t : MC_DEFAULT_TIMEOUT_MS;
-}
-
 /* What every rank must agree on, compared after one allgather; plus the
  * host each is on (not compared: auto picks p2p when all are on one). */
 typedef struct {
@@ -45,14 +36,14 @@ typedef struct {
 } comm_agreement_t;
 
 int mc_verbose(void) {
-  const char *v = getenv("MC_VERBOSE");
-  return v && strcmp(v, "1") == 0;
+  const mc_params_t *p = mc_params(NULL);
+  return p && p->verbose;
 }
 
 uint64_t mc_host_id(void) {
   char name[256] = {0};
-  const char *env = getenv("MC_HOST_ID"); /* containers on several nodes can share a host name */
-  if (env && *env) strncpy(name, env, sizeof name - 1);
+  const mc_params_t *p = mc_params(NULL); /* MC_HOST_ID: containers on several nodes can share a host name */
+  if (p && p->host_id[0]) snprintf(name, sizeof name, "%s", p->host_id);
   else gethostname(name, sizeof name - 1);
   uint64_t h = 1469598103934665603ull;
   for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
@@ -152,6 +143,9 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
                        config->group_size, oob->world_size);
   if (config->timeout_ms < 0)
     return mc_fail_tls(MC_ERR_INVALID_ARG, "config->timeout_ms=%d is negative", config->timeout_ms);
+  const char *bad_param = NULL;
+  const mc_params_t *params = mc_params(&bad_param);
+  if (!params) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_comm_create: %s", bad_param);
   mc_transport_t transport = MC_TRANSPORT_CPU;
   mc_result_t rc = pick_transport(config->transport, &transport);
   if (rc != MC_SUCCESS) return rc;
@@ -162,7 +156,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm->world_size = oob->world_size;
   comm->group_size = config->group_size;
   comm->transport = transport;
-  comm->timeout_ms = config->timeout_ms ? config->timeout_ms : env_timeout_ms();
+  comm->timeout_ms = config->timeout_ms ? config->timeout_ms : params->timeout_ms;
   comm->device = config->device;
   comm->oob = *oob;
 
@@ -209,6 +203,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
               reach ? "" : why, reach ? "" : ")");
   }
   comm->transport = transport;
+  if (rc == MC_SUCCESS && comm->rank == 0 && params->verbose) mc_params_print(stderr);
   const mc_transport_ops_t *ops = mc_transport_ops(transport);
   if (rc == MC_SUCCESS && ops->comm_init) rc = ops->comm_init(comm);
   if (rc == MC_SUCCESS && mc_handle_add(comm) != 0) {

@@ -101,6 +101,7 @@
 #include <unistd.h>
 
 #include "mc_error.h"
+#include "mc_params.h"
 
 #define ID_MAGIC 0x4d434944u   /* "MCID" */
 #define CHAL_MAGIC 0x4d434348u /* "MCCH" */
@@ -328,12 +329,13 @@ mc_result_t mc_unique_id_create(mc_unique_id_t *out) {
   if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_unique_id_create: out is NULL");
   memset(out, 0, sizeof *out);
   id_wire_t w = {ID_MAGIC, WIRE_VERSION, 0, 0, 0, {0}, (int64_t)getpid()};
-  const char *env = getenv("MC_BOOTSTRAP_ADDR");
-  const char *where = env && *env ? env : "127.0.0.1";
+  const char *bad = NULL;
+  const mc_params_t *params = mc_params(&bad); /* MC_BOOTSTRAP_ADDR */
+  if (!params) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_unique_id_create: %s", bad);
+  const char *where = params->bootstrap_addr;
   struct sockaddr_in sa = {.sin_family = AF_INET};
   if (inet_pton(AF_INET, where, &sa.sin_addr) != 1)
-    return mc_fail_tls(MC_ERR_INVALID_ARG,
-                       "mc_unique_id_create: MC_BOOTSTRAP_ADDR='%s' is not an IPv4 address", where);
+    return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_unique_id_create: '%s' is not an IPv4 address", where);
   if (random_bytes(w.secret, sizeof w.secret) != 0)
     return mc_fail_tls(MC_ERR_SYSTEM, "mc_unique_id_create: cannot draw the secret: %s",
                        strerror(errno));

@@ -291,3 +291,38 @@ int test_timeout_names_dead_rank(void) {
   }
   return 0;
 }
+
+/* ---- the settings the library reads from the environment: a malformed
+ * value fails create with its name; a valid one is used. The library reads
+ * them once per process: each case in a child forked before any call. ---- */
+static int comm_in_child(const char *name, const char *value, mc_result_t want, const char *text) {
+  fflush(NULL);
+  pid_t child = fork();
+  if (child == 0) {
+    setenv(name, value, 1);
+    mc_oob_threads_t *g;
+    mc_oob_t oob;
+    mc_comm_t *comm = NULL;
+    mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+    cc.transport = MC_TRANSPORT_CPU;
+    if (mc_oob_threads_create(1, 1000, &g) != MC_SUCCESS || mc_oob_threads_get(g, 0, &oob) != MC_SUCCESS) _exit(100);
+    mc_result_t rc = mc_comm_create(&oob, &cc, &comm);
+    int ok = rc == want && (!text || strstr(mc_last_error(), text) != NULL);
+    if (!ok) fprintf(stderr, "%s=%s: %s: %s\n", name, value, mc_result_string(rc), mc_last_error());
+    mc_comm_destroy(comm);
+    mc_oob_threads_destroy(g);
+    _exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+int test_settings_from_environment(void) {
+  MC_CHECK(comm_in_child("MC_TIMEOUT_MS", "2500", MC_SUCCESS, NULL));
+  MC_CHECK(comm_in_child("MC_TIMEOUT_MS", "soon", MC_ERR_INVALID_ARG, "MC_TIMEOUT_MS='soon'"));
+  MC_CHECK(comm_in_child("MC_TIMEOUT_MS", "0", MC_ERR_INVALID_ARG, "MC_TIMEOUT_MS='0'"));
+  MC_CHECK(comm_in_child("MC_VERBOSE", "1", MC_SUCCESS, NULL));
+  MC_CHECK(comm_in_child("MC_VERBOSE", "yes", MC_ERR_INVALID_ARG, "MC_VERBOSE='yes' is not 0 or 1"));
+  MC_CHECK(comm_in_child("MC_HOST_ID", "node-7", MC_SUCCESS, NULL));
+  return 0;
+}

@@ -378,19 +378,35 @@ int test_oob_socket_bad_args(void) {
   MC_CHECK_RC(mc_oob_socket_create(&id, 0, 1, 1000, &again), MC_ERR_INVALID_ARG);
   mc_oob_socket_destroy(s);
 
-  /* MC_BOOTSTRAP_ADDR: honoured when it is an IPv4 address, refused if not. */
-  const char *old = getenv("MC_BOOTSTRAP_ADDR");
-  char *saved = old ? strdup(old) : NULL;
-  setenv("MC_BOOTSTRAP_ADDR", "localhost-ish", 1);
-  mc_result_t bad = mc_unique_id_create(&other);
-  setenv("MC_BOOTSTRAP_ADDR", "127.0.0.1", 1);
-  mc_result_t good = mc_unique_id_create(&other);
-  if (saved) setenv("MC_BOOTSTRAP_ADDR", saved, 1);
-  else unsetenv("MC_BOOTSTRAP_ADDR");
-  free(saved);
-  MC_CHECK(bad == MC_ERR_INVALID_ARG && good == MC_SUCCESS);
-  MC_CHECK_OK(mc_oob_socket_create(&other, 0, 1, 1000, &s));
-  mc_oob_socket_destroy(s);
+  return 0;
+}
+
+/* MC_BOOTSTRAP_ADDR: honoured when it is an IPv4 address, refused if not.
+ * The library reads its settings once per process: each value in a child
+ * of its own, forked before this process touched the library. */
+int test_oob_socket_bootstrap_addr(void) {
+  mc_unique_id_t other;
+  mc_oob_socket_t *s = NULL;
+  static const struct {
+    const char *addr;
+    int want;
+  } addrs[] = {{"localhost-ish", MC_ERR_INVALID_ARG}, {"127.0.0.1", MC_SUCCESS}};
+  for (int i = 0; i < 2; i++) {
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+      setenv("MC_BOOTSTRAP_ADDR", addrs[i].addr, 1);
+      mc_result_t rc = mc_unique_id_create(&other);
+      if (rc == MC_SUCCESS && mc_oob_socket_create(&other, 0, 1, 1000, &s) == MC_SUCCESS) mc_oob_socket_destroy(s);
+      else if (rc == MC_SUCCESS) rc = MC_ERR_INTERNAL;
+      if (rc != MC_SUCCESS) fprintf(stderr, "MC_BOOTSTRAP_ADDR=%s: %s\n", addrs[i].addr, mc_last_error());
+      _exit((int)rc);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    MC_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == addrs[i].want, "MC_BOOTSTRAP_ADDR=%s: exit %d", addrs[i].addr,
+                 st);
+  }
   return 0;
 }
 

@@ -48,7 +48,7 @@ typedef struct mc_kargs {
   mc_dev_error_t *err;
   uint64_t timeout_ns;
   void *peers; /* transport-specific: p2p's table of peer window addresses */
-  int direct;  /* 1: store into directly reachable peers; 0: always stage and put (MC_GPU_STAGED=1) */
+  int direct;  /* 1: store into directly reachable peers; 0: always stage and put (tests: mc_testing.h) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
   int recv_pieces; /* dispatch-recv: payload pieces a warp copies per item (mc_gpu_kernels.cuh) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */

@@ -3,6 +3,9 @@
  * as results with the same words as the cpu transport's. */
 #include "mc_gpu_host.h"
 
+#include "../mc_params.h"
+#include "../mc_testing.h"
+
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +44,9 @@ static cudaError_t trace_reset(mc_gpu_t *g) {
 /* MC_GPU_TRACE=prefix: stamps go to prefix.<rank>, one line per check:
  * the round count, then MC_TK_N x MC_TRACE_SLOTS nanosecond stamps. */
 static mc_result_t trace_open(mc_a2a_t *a2a, mc_gpu_t *g) {
-  const char *prefix = getenv("MC_GPU_TRACE");
-  if (!prefix || !*prefix) return MC_SUCCESS;
+  const mc_params_t *params = mc_params(NULL); /* MC_GPU_TRACE */
+  const char *prefix = params ? params->gpu_trace : "";
+  if (!*prefix) return MC_SUCCESS;
   char path[4096];
   snprintf(path, sizeof path, "%s.%d", prefix, a2a->comm->rank);
   g->trace_file = fopen(path, "w");
@@ -91,8 +95,8 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
   cudaGetDevice(&dev);
   if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g->sms < 1) g->sms = 1;
   /* g->grid: once the ranks sharing this GPU are known (mc_gpu_decide_scope, before any launch) */
-  /* MC_GPU_STAGED=1: stage and put even to reachable peers (the path a network takes, run on one node) */
-  g->direct = !(getenv("MC_GPU_STAGED") && atoi(getenv("MC_GPU_STAGED")) == 1);
+  /* tests: stage and put even to reachable peers (the path a network takes, run on one node) */
+  g->direct = !mc_testing_forced(MC_TESTING_STAGED);
   cudaError_t e = cudaMalloc((void **)&g->ws, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaMemset(g->ws, 0, mc_workspace_bytes(s));
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&g->err_h, sizeof(mc_dev_error_t), cudaHostAllocMapped);
@@ -142,8 +146,8 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   if (rc == MC_SUCCESS && mc_verbose() && comm->rank == 0)
     fprintf(stderr, "moecomm: %d blocks per kernel (%d SMs; %d ranks on this GPU, %d of them threads of this process)\n",
             g->grid, g->sms, on_mine, threads_here);
-  const char *env = getenv("MC_GPU_SCOPE");
-  g->gpu_scope = same && !g->staged && !(env && strcmp(env, "sys") == 0);
+  /* tests: system scope even where every rank shares this GPU (the signals several GPUs need) */
+  g->gpu_scope = same && !g->staged && !mc_testing_forced(MC_TESTING_SYS_SCOPE);
   return rc;
 }
 

@@ -41,7 +41,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
- * MC_GPU_SCOPE=sys asks for system scope anyway; g->alone when no other
+ * the test suite forces system scope (mc_testing.h); g->alone when no other
  * rank runs on this GPU; and g->grid, smaller where other ranks share it. */
 mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */

@@ -223,7 +223,7 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
     if (e != cudaSuccess) rc = cuda_fail(a2a, e, "the peer table");
   }
   g->peers = p->table;
-  g->direct = 1; /* MC_GPU_STAGED has no meaning here: there is nothing to put with */
+  g->direct = 1; /* staging has no meaning here: there is nothing to put with */
   g->staged = 0;
   if (rc == MC_SUCCESS) rc = mc_gpu_decide_scope(a2a);
   if (rc == MC_SUCCESS) rc = mc_gpu_kernel_limits(a2a);

@@ -22,6 +22,7 @@
 
 #include "mc_dtype.h"
 #include "mc_ref_dev.h"
+#include "mc_testing.h"
 #include "mc_ref_rank.h"
 
 typedef struct run_ctx {
@@ -353,6 +354,11 @@ static int run_processes(const mc_case_t *c, const mc_run_opts_t *o, mc_run_resu
 }
 
 int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
+  /* the GPU paths one machine's defaults never take, for the test suite:
+   * MC_TEST_STAGED=1 (puts from staging, a network's path), MC_TEST_SYS_SCOPE=1 */
+  const char *staged = getenv("MC_TEST_STAGED"), *sys = getenv("MC_TEST_SYS_SCOPE");
+  mc_testing_force(MC_TESTING_STAGED, staged && strcmp(staged, "1") == 0);
+  mc_testing_force(MC_TESTING_SYS_SCOPE, sys && strcmp(sys, "1") == 0);
   memset(res, 0, sizeof *res);
   res->world_size = c->world_size;
   res->rounds = o->rounds > 0 ? o->rounds : 1;
