@@ -28,11 +28,9 @@ mc_result_t mc_comm_barrier(mc_comm_t *comm) {
   return rc;
 }
 
-/* What every rank must agree on, compared after one allgather; plus the
- * host each is on (not compared: auto picks p2p when all are on one). */
+/* What every rank must agree on, compared after one allgather. */
 typedef struct {
   int world_size, group_size, transport, version;
-  uint64_t host;
 } comm_agreement_t;
 
 int mc_verbose(void) {
@@ -50,14 +48,6 @@ uint64_t mc_host_id(void) {
   return h;
 }
 
-#ifdef MC_HAVE_CUDA
-int mc_gpu_present(void);
-#endif
-#ifdef MC_HAVE_NVSHMEM
-mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup,
-                                      float *times_us);
-#endif
-
 /* NULL, or a communicator this process does not hold (destroyed already)? */
 static mc_result_t not_live(const mc_comm_t *comm, const char *call) {
   if (!comm) return mc_fail_tls(MC_ERR_INVALID_ARG, "%s: comm is NULL", call);
@@ -74,53 +64,10 @@ mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer,
   if (!times_us || iters < 1 || warmup < 0 || bytes_per_peer == 0)
     return mc_fail(comm->err, MC_ERR_INVALID_ARG, "times_us, iters=%d >= 1, warmup=%d >= 0, bytes_per_peer=%zu > 0",
                    iters, warmup, bytes_per_peer);
-#ifdef MC_HAVE_NVSHMEM
-  if (comm->transport == MC_TRANSPORT_NVSHMEM)
-    return mc_nvshmem_dense_alltoall(comm, bytes_per_peer, iters, warmup, times_us);
-#endif
+  const mc_transport_ops_t *ops = mc_transport_ops(comm->transport);
+  if (ops && ops->dense_alltoall) return ops->dense_alltoall(comm, bytes_per_peer, iters, warmup, times_us);
   return mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no dense all-to-all baseline on the '%s' transport",
                  mc_transport_name(comm->transport));
-}
-
-const mc_transport_ops_t *mc_transport_ops(mc_transport_t t) {
-  if (t == MC_TRANSPORT_CPU) return &mc_cpu_ops;
-#ifdef MC_HAVE_NVSHMEM
-  if (t == MC_TRANSPORT_NVSHMEM) return &mc_nvshmem_ops;
-#endif
-#ifdef MC_HAVE_CUDA
-  if (t == MC_TRANSPORT_P2P) return &mc_p2p_ops;
-#endif
-  return NULL;
-}
-
-static mc_result_t pick_transport(mc_transport_t want, mc_transport_t *got) {
-  switch (want) {
-  case MC_TRANSPORT_AUTO:
-    /* the best this build and machine offer: a GPU transport where a GPU is
-     * (which one is settled after the ranks' allgather: resolve_auto) */
-#ifdef MC_HAVE_CUDA
-    if (mc_gpu_present()) {
-      *got = MC_TRANSPORT_AUTO;
-      return MC_SUCCESS;
-    }
-#endif
-    *got = MC_TRANSPORT_CPU;
-    return MC_SUCCESS;
-  case MC_TRANSPORT_CPU:
-  case MC_TRANSPORT_NVSHMEM:
-  case MC_TRANSPORT_P2P:
-    if (!mc_transport_ops(want))
-      return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' is not built into this libmoecomm",
-                         mc_transport_name(want));
-#ifdef MC_HAVE_CUDA
-    if (want != MC_TRANSPORT_CPU && !mc_gpu_present())
-      return mc_fail_tls(MC_ERR_UNSUPPORTED, "transport '%s' needs a CUDA device and this process sees none",
-                         mc_transport_name(want));
-#endif
-    *got = want;
-    return MC_SUCCESS;
-  }
-  return mc_fail_tls(MC_ERR_INVALID_ARG, "config->transport=%d is not an mc_transport_t", (int)want);
 }
 
 mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, mc_comm_t **out) {
@@ -147,7 +94,7 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   const mc_params_t *params = mc_params(&bad_param);
   if (!params) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_comm_create: %s", bad_param);
   mc_transport_t transport = MC_TRANSPORT_CPU;
-  mc_result_t rc = pick_transport(config->transport, &transport);
+  mc_result_t rc = mc_transport_pick(config->transport, &transport);
   if (rc != MC_SUCCESS) return rc;
 
   mc_comm_t *comm = calloc(1, sizeof *comm);
@@ -164,43 +111,30 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   comm_agreement_t mine;
   memset(&mine, 0, sizeof mine);
   mine.world_size = comm->world_size, mine.group_size = comm->group_size, mine.transport = (int)transport;
-  mine.version = MC_VERSION, mine.host = mc_host_id();
+  mine.version = MC_VERSION;
   comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
   if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
-  int one_host = 1;
-  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
-    one_host &= all[r].host == mine.host;
-    all[r].host = mine.host; /* compared apart */
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
     if (memcmp(&all[r], &mine, sizeof mine) != 0)
       rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
                    "rank %d disagrees with rank %d: world_size %d/%d, group_size %d/%d, "
                    "transport %d/%d, version %d/%d",
                    r, comm->rank, all[r].world_size, mine.world_size, all[r].group_size,
                    mine.group_size, all[r].transport, mine.transport, all[r].version, mine.version);
-  }
   free(all);
-  /* auto with a GPU: p2p when every rank is on this host and every rank
-   * can map every peer's memory (a probe: export, open, close, agree),
-   * else nvshmem; but p2p anyway where nvshmem cannot serve: ranks that are
-   * threads of one process (NVSHMEM takes one PE per process), or a build
-   * without nvshmem (p2p's a2a create then names the peer it cannot map).
-   * mc_comm_transport() reports the choice; MC_VERBOSE=1 prints it, with
-   * why p2p was not taken. */
-  if (transport == MC_TRANSPORT_AUTO) {
-    int reach = 0, threads = 0;
-    char why[200] = "not every rank is on this host";
-#ifdef MC_HAVE_CUDA
-    if (rc == MC_SUCCESS && one_host) rc = mc_p2p_probe(comm, &reach, &threads, why, sizeof why);
-#endif
-    const int p2p_ok = one_host && mc_transport_ops(MC_TRANSPORT_P2P) != NULL;
-    transport = reach || (p2p_ok && threads)               ? MC_TRANSPORT_P2P
-                : mc_transport_ops(MC_TRANSPORT_NVSHMEM)   ? MC_TRANSPORT_NVSHMEM
-                : p2p_ok                                   ? MC_TRANSPORT_P2P
-                                                           : MC_TRANSPORT_CPU;
+  /* auto with a GPU (every rank agreed on it just above): the first GPU
+   * transport that reaches every peer (p2p: every rank on this host can map
+   * every peer's memory, by a probe; nvshmem: any peers, but one rank per
+   * process), else the first usable one, whose create then names the peer
+   * it cannot reach. mc_comm_transport() reports the choice; MC_VERBOSE=1
+   * prints it, with what the ones passed over said. */
+  if (rc == MC_SUCCESS && transport == MC_TRANSPORT_AUTO) {
+    char why[400];
+    rc = mc_transport_settle(comm, &transport, why, sizeof why);
     if (rc == MC_SUCCESS && comm->rank == 0 && mc_verbose())
-      fprintf(stderr, "moecomm: transport auto -> %s%s%s%s\n", mc_transport_name(transport), reach ? "" : " (p2p: ",
-              reach ? "" : why, reach ? "" : ")");
+      fprintf(stderr, "moecomm: transport auto -> %s%s%s%s\n", mc_transport_name(transport), why[0] ? " (" : "", why,
+              why[0] ? ")" : "");
   }
   comm->transport = transport;
   if (rc == MC_SUCCESS && comm->rank == 0 && params->verbose) mc_params_print(stderr);

@@ -206,8 +206,12 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
 static void cpu_a2a_destroy(mc_a2a_t *a2a) { release_all(a2a); }
 
 /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
+static int cpu_usable(void) { return 1; }
+
 const mc_transport_ops_t mc_cpu_ops = {
+    .id = MC_TRANSPORT_CPU,
     .name = "cpu",
+    .usable = cpu_usable,
     .a2a_create = cpu_a2a_create,
     .a2a_destroy = cpu_a2a_destroy,
     .dispatch_send = mc_cpu_dispatch_send,

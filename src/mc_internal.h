@@ -65,11 +65,20 @@ struct mc_a2a {
   char first_err[MC_ERRTEXT_LEN]; /* the failure that aborted the handle, kept for later refusals */
 };
 
-/* A transport: create/destroy the buffers of one a2a handle, and run the four
- * halves. Each half may assume the API layer checked pointers, sizes and order;
- * it checks what only it can read (indices, bound_m) before sending anything. */
+/* A transport: whether this process can use it and whether it reaches the
+ * communicator's peers (for MC_TRANSPORT_AUTO), create/destroy the buffers
+ * of one a2a handle, and run the four halves. Each half may assume the API
+ * layer checked pointers, sizes and order; it checks what only it can read
+ * (indices, bound_m) before sending anything. mc_transport.c lists the
+ * transports this build has. */
 struct mc_transport_ops {
+  mc_transport_t id;
   const char *name;
+  int (*usable)(void); /* 1 where this process can use it (a GPU transport: it sees a CUDA device) */
+  /* optional (else every peer is reachable), collective: *reachable = 1 when
+   * every rank reaches every peer by this transport, else why says which
+   * rank could not and why */
+  mc_result_t (*probe)(mc_comm_t *comm, int *reachable, char *why, size_t why_n);
   mc_result_t (*comm_init)(mc_comm_t *comm); /* optional: start the transport (collective) */
   void (*comm_fini)(mc_comm_t *comm);        /* optional */
   mc_result_t (*a2a_create)(mc_a2a_t *a2a);
@@ -81,21 +90,22 @@ struct mc_transport_ops {
   void (*refresh_stats)(mc_a2a_t *a2a); /* optional: counters kept on a device */
   mc_result_t (*check)(mc_a2a_t *a2a);  /* optional: failures recorded asynchronously */
   mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */
+  /* optional: the dense all-to-all baseline of mc_comm_bench_dense_alltoall */
+  mc_result_t (*dense_alltoall)(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup, float *times_us);
 };
 
-extern const mc_transport_ops_t mc_cpu_ops;
-#ifdef MC_HAVE_CUDA
-extern const mc_transport_ops_t mc_p2p_ops;
-/* Collective: *reachable = 1 when every rank can map every peer's device
- * memory (auto then picks p2p), else why says which rank could not and why;
- * *threads = 1 when some ranks are threads of one process. */
-mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *threads, char *why, size_t why_n);
-#endif
-#ifdef MC_HAVE_NVSHMEM
-extern const mc_transport_ops_t mc_nvshmem_ops;
-#endif
 /* The table for a transport this build has, or NULL. */
 const mc_transport_ops_t *mc_transport_ops(mc_transport_t t);
+/* Before the ranks meet: the transport asked for, if this build has it and
+ * this process can use it; MC_TRANSPORT_AUTO stays AUTO where a GPU
+ * transport is usable (mc_transport_settle decides), else cpu. Failures in
+ * this thread's text. */
+mc_result_t mc_transport_pick(mc_transport_t want, mc_transport_t *got);
+/* MC_TRANSPORT_AUTO, collectively, once the ranks agreed they all want it:
+ * the first GPU transport in order of preference that reaches every peer,
+ * else the first usable one (whose create then names the peer it cannot
+ * reach). why: what the ones passed over said. */
+mc_result_t mc_transport_settle(mc_comm_t *comm, mc_transport_t *got, char *why, size_t why_n);
 
 /* Collective helpers over the comm's oob, with the failure written to comm->err. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern "C" {
 #include "../mc_internal.h"
@@ -140,11 +141,34 @@ static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
+/* Auto's question: NVSHMEM reaches peers anywhere, but takes one PE per
+ * process: ranks that are threads of one process cannot use it. */
+static mc_result_t nvshmem_probe(mc_comm_t *comm, int *reachable, char *why, size_t why_n) {
+  struct { uint64_t host; int64_t pid; } mine = {mc_host_id(), (int64_t)getpid()};
+  const int W = comm->world_size;
+  void *all = malloc(sizeof mine * (size_t)W);
+  if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  *reachable = rc == MC_SUCCESS;
+  for (int r = 0; rc == MC_SUCCESS && r < W && *reachable; r++)
+    if (r != comm->rank && memcmp((char *)all + r * sizeof mine, &mine, sizeof mine) == 0) {
+      *reachable = 0;
+      snprintf(why, why_n, "ranks %d and %d are threads of one process (NVSHMEM takes one PE per process)",
+               r < comm->rank ? r : comm->rank, r < comm->rank ? comm->rank : r);
+    }
+  free(all);
+  return rc;
+}
+
+extern "C" mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup,
+                                                 float *times_us);
+
 /* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
-    "nvshmem",         mc_nvshmem_comm_init, mc_nvshmem_comm_fini, nvshmem_a2a_create, nvshmem_a2a_destroy,
+    MC_TRANSPORT_NVSHMEM, "nvshmem", mc_gpu_present, nvshmem_probe, mc_nvshmem_comm_init, mc_nvshmem_comm_fini,
+    nvshmem_a2a_create, nvshmem_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
-    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

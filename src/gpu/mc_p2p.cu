@@ -236,10 +236,10 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
-/* Auto's question at comm create, on one host: can every rank map every
- * peer's memory? Each rank exports a small buffer; p2p_agree opens every
- * peer's as a2a create would, closes them, and the ranks agree. */
-extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *threads, char *why, size_t why_n) {
+/* Auto's question at comm create: can every rank map every peer's memory
+ * (every rank on one host)? Each rank exports a small buffer; p2p_agree
+ * opens every peer's as a2a create would, closes them, and the ranks agree. */
+static mc_result_t p2p_probe(mc_comm_t *comm, int *reachable, char *why, size_t why_n) {
   const int W = comm->world_size;
   *reachable = 0;
   p2p_card_t mine;
@@ -258,9 +258,9 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
   cudaGetLastError();
   unsigned char **peer = (unsigned char **)calloc((size_t)W, sizeof *peer);
   unsigned char *opened = (unsigned char *)calloc((size_t)W, 1);
-  int first_bad = -1;
+  int first_bad = -1, threads = 0;
   mc_result_t rc = peer && opened
-                       ? p2p_agree(comm, comm->err, &mine, mine_why, peer, opened, 1, &first_bad, threads, why, why_n)
+                       ? p2p_agree(comm, comm->err, &mine, mine_why, peer, opened, 1, &first_bad, &threads, why, why_n)
                        : mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   if (rc == MC_SUCCESS) *reachable = first_bad < 0;
   /* every peer closed its mapping of buf before the verdicts */
@@ -273,7 +273,7 @@ extern "C" mc_result_t mc_p2p_probe(mc_comm_t *comm, int *reachable, int *thread
 
 /* in the order of mc_transport_ops_t (designated initialisers are C++20) */
 extern "C" const mc_transport_ops_t mc_p2p_ops = {
-    "p2p",         p2p_comm_init, NULL, p2p_a2a_create, p2p_a2a_destroy,
+    MC_TRANSPORT_P2P, "p2p", mc_gpu_present, p2p_probe, p2p_comm_init, NULL, p2p_a2a_create, p2p_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
-    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, NULL,
 };
