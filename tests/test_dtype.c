@@ -1,4 +1,4 @@
-/* test_dtype.c - the fp32 <-> bf16/fp16 conversions of src/mc_dtype.h, which
+/* test_dtype.c - the fp32 <-> bf16/fp16 conversions of src/core/mc_dtype.h, which
  * the library AND the reference model use: a rounding bug there would be
  * invisible to every comparison with the reference, so they are checked
  * here against independent definitions (the compiler's _Float16, and a

@@ -411,7 +411,7 @@ int test_oob_socket_bootstrap_addr(void) {
 }
 
 /* ---- strangers: a fake rank 0, junk and replays, floods, other users ----
- * The tests below speak the wire format of src/mc_oob_socket.c's header
+ * The tests below speak the wire format of src/bootstrap/mc_oob_socket.c's header
  * comment themselves, to play the parts a library process never plays. */
 
 #define ID_PORT_AT 12   /* u16 port, network order, in the id */

@@ -20,6 +20,22 @@ def test_version_and_strings():
     assert capi.text(capi.lib.mc_transport_name(capi.TRANSPORT_CPU)) == "cpu"
 
 
+def test_result_codes_agree_with_the_header():
+    """Every mc_result_t of include/moecomm.h: the same number in the binding, the C string
+    names it, and the exception class the binding raises for it."""
+    import re
+    header = (ROOT / "include" / "moecomm.h").read_text()
+    codes = dict(re.findall(r"^\s*MC_(SUCCESS|ERR_[A-Z_]+) = (\d+)", header, re.M))
+    assert len(codes) >= 11
+    for name, value in codes.items():
+        assert getattr(capi, name) == int(value), name
+        assert moecomm.result_string(int(value)).startswith("MC_" + name), name
+        exc = moecomm.errors.error_for(int(value), "x")
+        want = (moecomm.MoecommTimeout if name == "ERR_TIMEOUT" else
+                moecomm.MoecommInvalid if name in ("ERR_INVALID_ARG", "ERR_INVALID_USAGE") else moecomm.MoecommError)
+        assert type(exc) is want, name
+
+
 C_LAYOUT = r"""
 #include <stdio.h>
 #include <stddef.h>

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "../mc_layout.h"
+#include "mc_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

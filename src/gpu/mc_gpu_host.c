@@ -3,8 +3,8 @@
  * as results with the same words as the cpu transport's. */
 #include "mc_gpu_host.h"
 
-#include "../mc_params.h"
-#include "../mc_testing.h"
+#include "mc_params.h"
+#include "mc_testing.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>

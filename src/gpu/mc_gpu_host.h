@@ -4,7 +4,7 @@
 #ifndef MC_GPU_HOST_H
 #define MC_GPU_HOST_H
 
-#include "../mc_internal.h"
+#include "mc_internal.h"
 #include "mc_gpu.h"
 
 typedef struct mc_gpu {

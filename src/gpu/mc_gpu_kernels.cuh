@@ -14,8 +14,8 @@
  * once per block, add what they stored to its signal with a release RMW (no
  * staging copy); elsewhere they stage and put (never on p2p, where every
  * peer is mapped). Waits use mc_dev_wait_ge on this rank's own window. The
- * protocol is the cpu transport's, step for step (src/mc_cpu_dispatch.c and
- * src/mc_cpu_combine.c say it in prose); the layout is src/mc_layout.h.
+ * protocol is the cpu transport's, step for step (src/cpu/mc_cpu_dispatch.c and
+ * src/cpu/mc_cpu_combine.c say it in prose); the layout is src/core/mc_layout.h.
  * The copies are cut in pieces of MC_SEG_BYTES, a warp each, so that a
  * batch of 128 tokens keeps hundreds of warps busy instead of 128: a record
  * is a header piece and mc_token_segs payload pieces, a combine row
@@ -53,8 +53,8 @@
 #ifndef MC_GPU_KERNELS_CUH
 #define MC_GPU_KERNELS_CUH
 
-#include "../mc_dtype.h"
-#include "../mc_route.h"
+#include "mc_dtype.h"
+#include "mc_route.h"
 #include "mc_dev.cuh"
 #include "mc_gpu_prep.cuh"
 #include "mc_gpu_rows.cuh"

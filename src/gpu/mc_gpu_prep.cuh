@@ -25,7 +25,7 @@
 #ifndef MC_GPU_PREP_CUH
 #define MC_GPU_PREP_CUH
 
-#include "../mc_route.h"
+#include "mc_route.h"
 #include "mc_gpu_rows.cuh"
 
 #define MC_PREP_THREADS 256 /* the chunked prep kernel's blocks */

@@ -4,7 +4,7 @@
 #ifndef MC_GPU_ROWS_CUH
 #define MC_GPU_ROWS_CUH
 
-#include "../mc_dtype.h"
+#include "mc_dtype.h"
 #include "mc_dev.cuh"
 
 #include <cuda_fp16.h>

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 extern "C" {
-#include "../mc_internal.h"
+#include "mc_internal.h"
 #include "mc_gpu_host.h"
 }
 
