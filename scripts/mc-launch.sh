@@ -8,8 +8,8 @@
 #   down when this script exits, however it exits;
 #   (MC_MPS_PERCENT overrides the share; MC_NO_MPS=1: time-slice instead, e.g. for compute-sanitizer, which does
 #   not run under MPS); the share is also what keeps ranks sharing a GPU live: at MC_MPS_PERCENT=100, 8 ranks'
-#   receive kernels spinning on every SM kept a sender's kernel from starting until the timeout (perf-notes 7);
-# - NVSHMEM on one node without NVLink multicast (DESIGN.md §5), its library
+#   receive kernels spinning on every SM kept a sender's kernel from starting until the timeout;
+# - NVSHMEM on one node without NVLink multicast (docs/gpus.md), its library
 #   found in the nvidia-nvshmem-cu13 wheel of python3 unless NVSHMEM_HOME says.
 # mc-launch.sh --gpus prints the count of GPUs the ranks would see, and exits.
 set -euo pipefail
@@ -43,7 +43,7 @@ if [ "$n" -gt "$gpus" ] && [ -z "${MC_NO_MPS:-}" ]; then
   trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
   # 100/k to two decimals (MPS takes fractions): MPS hands out whole TPCs
   # (2 SMs), rounding down, so 8 ranks at 12% got 14 of the H200's 132 SMs
-  # each, at 12.5% 16 (DESIGN.md's testbed; perf-notes 29). Not 13%, which
+  # each, at 12.5% 16 (the one-GPU EP8 testbed). Not 13%, which
   # also gives 16: shares past 100% put NVSHMEM in its "limited MPG" mode,
   # where its alltoall (the dense baseline) does not run
   export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MC_MPS_PERCENT:-$(awk -v k="$per" 'BEGIN { printf "%g", int(10000 / k) / 100 }')}

@@ -1,7 +1,7 @@
 /* test_failures.c - a rank that stops must make the others return a
  * timeout that names it, within the timeout, never hang: as a thread that
  * goes silent and as a process that is killed. And the wire and memory
- * claims of DESIGN.md §3, counted by the library itself. */
+ * claims of docs/api.md, counted by the library itself. */
 #include <stdio.h>
 #include <string.h>
 
@@ -103,7 +103,7 @@ int test_buffer_memory(void) {
   MC_CHECK(mc_window_bytes(&more_tokens) > base * 19 / 10 && mc_window_bytes(&more_tokens) < base * 21 / 10);
   /* two ranks per group share the sending: the dispatch staging halves */
   MC_CHECK(mc_window_bytes(&grouped) < base);
-  /* the DESIGN target: at most 64 MiB per rank (pplx-kernels: about 2.2 GB) */
+  /* the target: at most 64 MiB per rank (pplx-kernels: about 2.2 GB) */
   MC_CHECK(base + mc_workspace_bytes(&a) <= 64ull << 20);
   /* and the handle reports what it allocated */
   mc_oob_threads_t *g;

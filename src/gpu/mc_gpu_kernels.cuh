@@ -356,7 +356,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one(mc_k
  * sends the row's signal: one release per direct member, one
  * put-with-signal per staged member. Each lane keeps four 8-element loads
  * in flight per expert. (Measured: a warp per whole row starves the SMs of
- * warps, a signal per segment costs a system-scope release each; perf-notes.) */
+ * warps, a signal per segment costs a system-scope release each.) */
 MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));

@@ -72,7 +72,7 @@ int mc_ref_local_experts(const mc_case_t *c);
 uint64_t mc_ref_rand(uint64_t *state);
 /* A random valid case from a seed, within the limits the tests use. */
 void mc_ref_random_case(uint64_t seed, mc_case_t *c);
-/* The DeepSeek-V3 layer of DESIGN.md: 256 experts, top-8, 7168 fp8 + 56 float scales, bf16. */
+/* The DeepSeek-V3 layer: 256 experts, top-8, 7168 fp8 + 56 float scales, bf16. */
 void mc_ref_deepseek_case(int world_size, int tokens, mc_case_t *c);
 /* Short description for messages. */
 void mc_ref_describe(const mc_case_t *c, char *buf, size_t n);
