@@ -93,21 +93,20 @@ static void stats_of(double *v, int n, double *median, double *p99) {
   *p99 = v[i < 0 ? 0 : i];
 }
 
-int main(int argc, char **argv) {
+/* What the command line asks for. */
+typedef struct {
   mc_case_t c;
-  mc_ref_deepseek_case(8, 128, &c);
-  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-  o.rounds = 20;
-  o.warmup = 3;
-  o.barrier = 1;
-  int json = 0, token_bytes_set = 0, scale_bytes_set = 0;
+  mc_run_opts_t o;
+  int json, threads, nccl, sizes_only, dense;
+} bench_args_t;
+
+/* Parses the options into *a. Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, bench_args_t *a) {
+  mc_case_t *c = &a->c;
+  mc_run_opts_t *o = &a->o;
+  int token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
          O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR };
-  int threads = 0;
-  int nccl = 0;
-  int sizes_only = 0;
-  int dense = 1;
-  o.check_first = 5;
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -122,225 +121,282 @@ int main(int argc, char **argv) {
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
     switch (ch) {
-    case 'n': c.world_size = atoi(optarg); break;
-    case 'g': c.group_size = atoi(optarg); break;
-    case 't': c.max_tokens = atoi(optarg); break;
-    case 'e': c.num_experts = atoi(optarg); break;
-    case 'k': c.topk = atoi(optarg); break;
-    case O_HIDDEN: c.hidden = atoi(optarg); break;
-    case O_TB: c.token_bytes = strtoull(optarg, NULL, 10), token_bytes_set = 1; break;
-    case O_SB: c.scale_bytes = strtoull(optarg, NULL, 10), scale_bytes_set = 1; break;
+    case 'n': c->world_size = atoi(optarg); break;
+    case 'g': c->group_size = atoi(optarg); break;
+    case 't': c->max_tokens = atoi(optarg); break;
+    case 'e': c->num_experts = atoi(optarg); break;
+    case 'k': c->topk = atoi(optarg); break;
+    case O_HIDDEN: c->hidden = atoi(optarg); break;
+    case O_TB: c->token_bytes = strtoull(optarg, NULL, 10), token_bytes_set = 1; break;
+    case O_SB: c->scale_bytes = strtoull(optarg, NULL, 10), scale_bytes_set = 1; break;
     case O_IN:
-      if (parse_dtype(optarg, &c.in_dtype)) return fprintf(stderr, "--in-dtype: fp32, bf16 or fp16\n"), 2;
+      if (parse_dtype(optarg, &c->in_dtype)) return fprintf(stderr, "--in-dtype: fp32, bf16 or fp16\n"), 2;
       break;
     case O_OUT:
-      if (parse_dtype(optarg, &c.out_dtype)) return fprintf(stderr, "--out-dtype: fp32, bf16 or fp16\n"), 2;
+      if (parse_dtype(optarg, &c->out_dtype)) return fprintf(stderr, "--out-dtype: fp32, bf16 or fp16\n"), 2;
       break;
-    case 'r': o.rounds = atoi(optarg); break;
-    case 'w': o.warmup = atoi(optarg); break;
-    case 's': c.seed = strtoull(optarg, NULL, 10); break;
-    case O_PROC: o.processes = 1; break;
-    case O_THREADS: threads = 1; break;
-    case O_SPLIT: o.split = 1; break;
-    case O_GRAPH: o.graph_timed = 1; break;
-    case O_WHOLE: o.whole = 1; break;
-    case O_FLOOR: o.floor = 1; break;
-    case O_NOCHECK: o.check = 0; break;
-    case O_JSON: json = 1; break;
+    case 'r': o->rounds = atoi(optarg); break;
+    case 'w': o->warmup = atoi(optarg); break;
+    case 's': c->seed = strtoull(optarg, NULL, 10); break;
+    case O_PROC: o->processes = 1; break;
+    case O_THREADS: a->threads = 1; break;
+    case O_SPLIT: o->split = 1; break;
+    case O_GRAPH: o->graph_timed = 1; break;
+    case O_WHOLE: o->whole = 1; break;
+    case O_FLOOR: o->floor = 1; break;
+    case O_NOCHECK: o->check = 0; break;
+    case O_JSON: a->json = 1; break;
     case O_TRANSPORT:
-      if (!strcmp(optarg, "cpu")) o.transport = MC_TRANSPORT_CPU;
-      else if (!strcmp(optarg, "nvshmem")) o.transport = MC_TRANSPORT_NVSHMEM;
-      else if (!strcmp(optarg, "p2p")) o.transport = MC_TRANSPORT_P2P;
-      else if (!strcmp(optarg, "auto")) o.transport = MC_TRANSPORT_AUTO;
+      if (!strcmp(optarg, "cpu")) o->transport = MC_TRANSPORT_CPU;
+      else if (!strcmp(optarg, "nvshmem")) o->transport = MC_TRANSPORT_NVSHMEM;
+      else if (!strcmp(optarg, "p2p")) o->transport = MC_TRANSPORT_P2P;
+      else if (!strcmp(optarg, "auto")) o->transport = MC_TRANSPORT_AUTO;
       else return fprintf(stderr, "--transport: cpu, nvshmem, p2p or auto\n"), 2;
       break;
-    case O_CHECKFIRST: o.check_first = atoi(optarg); break;
-    case O_NODENSE: dense = 0; break;
-    case O_SIZES: sizes_only = 1; break;
+    case O_CHECKFIRST: o->check_first = atoi(optarg); break;
+    case O_NODENSE: a->dense = 0; break;
+    case O_SIZES: a->sizes_only = 1; break;
     case O_NCCL:
       if (!mc_bench_have_nccl()) return fprintf(stderr, "--nccl: this mc-bench was built without NCCL\n"), 2;
-      nccl = 1;
+      a->nccl = 1;
       break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
-  if (!token_bytes_set) c.token_bytes = (size_t)c.hidden; /* fp8 */
-  if (!scale_bytes_set) c.scale_bytes = (size_t)(c.hidden / 128) * 4;
-  if (c.world_size < 1 || c.group_size < 1 || c.world_size % c.group_size || c.num_experts % c.world_size ||
-      o.rounds < 1 || o.warmup < 0) {
+  if (!token_bytes_set) c->token_bytes = (size_t)c->hidden; /* fp8 */
+  if (!scale_bytes_set) c->scale_bytes = (size_t)(c->hidden / 128) * 4;
+  return -1;
+}
+
+/* Checks what the options combine to and fills in what follows from them.
+ * Returns -1 to go on, else the exit status. */
+static int settle_args(bench_args_t *a) {
+  mc_case_t *c = &a->c;
+  mc_run_opts_t *o = &a->o;
+  if (c->world_size < 1 || c->group_size < 1 || c->world_size % c->group_size || c->num_experts % c->world_size ||
+      o->rounds < 1 || o->warmup < 0) {
     fprintf(stderr, "mc-bench: need ranks %% group-size == 0, experts %% ranks == 0, rounds >= 1 (see --help)\n");
     return 2;
   }
-
-  if (o.check_first < 1) return fprintf(stderr, "--check-first: at least 1 (checked rounds are never timed)\n"), 2;
-  if (o.warmup < o.check_first) o.warmup = o.check_first; /* the checked rounds stay out of the samples */
-  if ((o.graph_timed || o.whole || o.floor) && o.transport == MC_TRANSPORT_CPU)
+  if (o->check_first < 1) return fprintf(stderr, "--check-first: at least 1 (checked rounds are never timed)\n"), 2;
+  if (o->warmup < o->check_first) o->warmup = o->check_first; /* the checked rounds stay out of the samples */
+  if ((o->graph_timed || o->whole || o->floor) && o->transport == MC_TRANSPORT_CPU)
     return fprintf(stderr, "--graph, --whole, --floor: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
-  if (sizes_only) { /* what the one layout header says a rank allocates */
-    printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
-           "\"group_size\": %d, \"world_size\": [",
-           c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes, c.group_size);
-    int first = 1;
-    for (int w = 1; w <= 256; w *= 2)
-      if (c.num_experts % w == 0 && w % c.group_size == 0) printf("%s%d", first ? "" : ", ", w), first = 0;
-    printf("], \"buffer_bytes\": [");
-    first = 1;
-    for (int w = 1; w <= 256; w *= 2) {
-      if (c.num_experts % w || w % c.group_size) continue;
-      mc_shape_t sh = {w, c.group_size, c.num_experts, c.topk, c.max_tokens, c.hidden, c.token_bytes, c.scale_bytes,
-                       mc_dtype_size(c.in_dtype)};
-      printf("%s%llu", first ? "" : ", ", (unsigned long long)(mc_window_bytes(&sh) + mc_workspace_bytes(&sh)));
-      first = 0;
-    }
-    printf("]}\n");
-    return 0;
-  }
-  const int gpu = o.transport == MC_TRANSPORT_NVSHMEM || o.transport == MC_TRANSPORT_P2P;
-  if (o.transport == MC_TRANSPORT_P2P) dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */
+  if (a->sizes_only) return -1;
+  const int gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
+  if (o->transport == MC_TRANSPORT_P2P) a->dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */
   if (gpu) {
-    o.processes = 1; /* one process per rank, as an engine runs them (NVSHMEM: one PE each) */
-    if (threads && o.transport != MC_TRANSPORT_P2P)
+    o->processes = 1; /* one process per rank, as an engine runs them (NVSHMEM: one PE each) */
+    if (a->threads && o->transport != MC_TRANSPORT_P2P)
       return fprintf(stderr, "mc-bench: --threads needs --transport p2p (NVSHMEM: one PE per process)\n"), 2;
-    if (threads) o.processes = 0;
+    if (a->threads) o->processes = 0;
     /* the dense baseline: every rank sends every peer num_local_experts x
      * max_tokens padded records (token + scale bytes) */
-    if (dense) o.dense_bytes = (size_t)(c.num_experts / c.world_size) * c.max_tokens * (c.token_bytes + c.scale_bytes);
-    if (dense && nccl) o.extra_baseline = mc_bench_nccl_alltoall;
+    if (a->dense)
+      o->dense_bytes = (size_t)(c->num_experts / c->world_size) * c->max_tokens * (c->token_bytes + c->scale_bytes);
+    if (a->dense && a->nccl) o->extra_baseline = mc_bench_nccl_alltoall;
   }
-  mc_run_result_t res;
-  int failed = mc_run(&c, &o, &res);
-  if (failed < 0) {
-    fprintf(stderr, "mc-bench: the run could not start\n");
-    return 1;
+  return -1;
+}
+
+/* --sizes: what the one layout header says a rank allocates. */
+static void print_sizes(const mc_case_t *c) {
+  printf("{\"tokens\": %d, \"experts\": %d, \"topk\": %d, \"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, "
+         "\"group_size\": %d, \"world_size\": [",
+         c->max_tokens, c->num_experts, c->topk, c->hidden, c->token_bytes, c->scale_bytes, c->group_size);
+  int first = 1;
+  for (int w = 1; w <= 256; w *= 2)
+    if (c->num_experts % w == 0 && w % c->group_size == 0) printf("%s%d", first ? "" : ", ", w), first = 0;
+  printf("], \"buffer_bytes\": [");
+  first = 1;
+  for (int w = 1; w <= 256; w *= 2) {
+    if (c->num_experts % w || w % c->group_size) continue;
+    mc_shape_t sh = {w, c->group_size, c->num_experts, c->topk, c->max_tokens, c->hidden, c->token_bytes, c->scale_bytes,
+                     mc_dtype_size(c->in_dtype)};
+    printf("%s%llu", first ? "" : ", ", (unsigned long long)(mc_window_bytes(&sh) + mc_workspace_bytes(&sh)));
+    first = 0;
   }
-  const int W = c.world_size, R = o.rounds;
+  printf("]}\n");
+}
+
+/* What a run comes to: the four halves, then the dispatch and combine pairs. */
+enum { N_ROWS = MC_PH_COUNT + 2 };
+typedef struct {
+  double med[N_ROWS], p99[N_ROWS];
+  double dense_med, dense_p99, nccl_med, nccl_p99, floor_med, floor_p99;
+  double disp, comb, disp_pe, comb_pe, max_err; /* bytes per rank per round; combine error */
+  uint64_t buffer;
+  int failed;
+  const char *verdict;
+} bench_sum_t;
+
+/* Median and p99 of n samples (copied into the scratch v). */
+static void stats_of_copy(const float *x, double *v, int n, double *median, double *p99) {
+  for (int i = 0; i < n; i++) v[i] = x[i];
+  stats_of(v, n, median, p99);
+}
+
+static void summarize(const bench_args_t *a, const mc_run_result_t *res, int failed, bench_sum_t *m) {
+  const mc_case_t *c = &a->c;
+  const mc_run_opts_t *o = &a->o;
+  const int W = c->world_size, R = o->rounds;
+  memset(m, 0, sizeof *m);
   /* per-phase samples of all ranks, plus the per-round sums of each half pair */
   double *v = malloc(sizeof(double) * (size_t)W * R);
-  double med[MC_PH_COUNT + 2], p99[MC_PH_COUNT + 2];
-  for (int ph = 0; ph < MC_PH_COUNT + 2; ph++) {
+  for (int ph = 0; ph < N_ROWS; ph++) {
     for (int r = 0; r < W; r++)
       for (int i = 0; i < R; i++) {
-        const double *s = res.samples_us + (size_t)r * MC_PH_COUNT * R;
+        const double *s = res->samples_us + (size_t)r * MC_PH_COUNT * R;
         double x;
         if (ph < MC_PH_COUNT) x = s[ph * R + i];
         else if (ph == MC_PH_COUNT) x = s[MC_PH_DISPATCH_SEND * R + i] + s[MC_PH_DISPATCH_RECV * R + i];
         else x = s[MC_PH_COMBINE_SEND * R + i] + s[MC_PH_COMBINE_RECV * R + i];
         v[(size_t)r * R + i] = x;
       }
-    stats_of(v, W * R, &med[ph], &p99[ph]);
+    stats_of(v, W * R, &m->med[ph], &m->p99[ph]);
   }
+  if (o->dense_bytes && res->dense_rc == MC_SUCCESS) stats_of_copy(res->dense_us, v, W * R, &m->dense_med, &m->dense_p99);
+  if (o->extra_baseline && res->extra_rc == 0) stats_of_copy(res->extra_us, v, W * R, &m->nccl_med, &m->nccl_p99);
+  if (o->floor) stats_of_copy(res->floor_us, v, W * R, &m->floor_med, &m->floor_p99);
   free(v);
-  double dense_med = 0, dense_p99 = 0, nccl_med = 0, nccl_p99 = 0;
-  double *dv = malloc(sizeof(double) * (size_t)W * R);
-  if (o.dense_bytes && res.dense_rc == MC_SUCCESS) {
-    for (int i = 0; i < W * R; i++) dv[i] = res.dense_us[i];
-    stats_of(dv, W * R, &dense_med, &dense_p99);
-  }
-  if (o.extra_baseline && res.extra_rc == 0) {
-    for (int i = 0; i < W * R; i++) dv[i] = res.extra_us[i];
-    stats_of(dv, W * R, &nccl_med, &nccl_p99);
-  }
-  double floor_med = 0, floor_p99 = 0;
-  if (o.floor) {
-    for (int i = 0; i < W * R; i++) dv[i] = res.floor_us[i];
-    stats_of(dv, W * R, &floor_med, &floor_p99);
-  }
-  free(dv);
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
    * the same m, so an average over the rounds is the per-round figure). */
-  double rounds_run = (double)(o.rounds + o.warmup + (o.check && !o.graph_timed)), disp = 0, comb = 0, max_err = 0;
-  uint64_t buffer = res.ranks[0].stats.buffer_bytes;
+  double rounds_run = (double)(o->rounds + o->warmup + (o->check && !o->graph_timed));
+  m->buffer = res->ranks[0].stats.buffer_bytes;
   for (int r = 0; r < W; r++) {
-    disp += (double)res.ranks[r].stats.dispatch_bytes_sent;
-    comb += (double)res.ranks[r].stats.combine_bytes_sent;
-    if (res.ranks[r].max_err > max_err) max_err = res.ranks[r].max_err;
+    m->disp += (double)res->ranks[r].stats.dispatch_bytes_sent;
+    m->comb += (double)res->ranks[r].stats.combine_bytes_sent;
+    if (res->ranks[r].max_err > m->max_err) m->max_err = res->ranks[r].max_err;
   }
-  disp /= W * rounds_run;
-  comb /= W * rounds_run;
-  double chunk = (double)c.max_tokens / c.group_size;
-  double in_elem = (double)(c.in_dtype == MC_DTYPE_FP32 ? 4 : 2);
-  double disp_pe = chunk * c.topk * (double)(c.token_bytes + c.scale_bytes);
-  double comb_pe = chunk * c.topk * c.group_size * c.hidden * in_elem;
-  const char *verdict = failed == 0 ? (o.check ? "PASS" : "UNCHECKED") : "FAIL";
-  static const char *names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "dispatch", "combine"};
+  m->disp /= W * rounds_run;
+  m->comb /= W * rounds_run;
+  double chunk = (double)c->max_tokens / c->group_size;
+  double in_elem = (double)(c->in_dtype == MC_DTYPE_FP32 ? 4 : 2);
+  m->disp_pe = chunk * c->topk * (double)(c->token_bytes + c->scale_bytes);
+  m->comb_pe = chunk * c->topk * c->group_size * c->hidden * in_elem;
+  m->failed = failed;
+  m->verdict = failed == 0 ? (o->check ? "PASS" : "UNCHECKED") : "FAIL";
+}
+
+static const char *row_names[N_ROWS] = {"dispatch send", "dispatch recv", "combine send",
+                                        "combine recv",  "dispatch",      "combine"};
+
+static void print_json(int argc, char **argv, const bench_args_t *a, const mc_run_result_t *res, const bench_sum_t *m) {
+  const mc_case_t *c = &a->c;
+  const mc_run_opts_t *o = &a->o;
+  const int W = c->world_size;
   char when[64];
   time_t now = time(NULL);
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
   struct utsname un;
   uname(&un);
+  printf("{\"tool\": \"mc-bench\", \"version\": %d, \"date\": \"%s\", \"host\": \"%s\", \"command\": \"", mc_version(),
+         when, un.nodename);
+  for (int i = 0; i < argc; i++) printf("%s%s", i ? " " : "", argv[i]);
+  printf("\", \"transport\": \"%s\", \"ranks_as\": \"%s\",\n", mc_transport_name(o->transport),
+         o->processes ? "processes" : "threads");
+  printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
+         "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
+         "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s},\n",
+         c->world_size, c->group_size, c->max_tokens, c->num_experts, c->topk, c->hidden, c->token_bytes,
+         c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), o->rounds, o->warmup,
+         (unsigned long long)c->seed, o->graph_timed ? "true" : "false", o->whole ? "true" : "false");
+  printf(" \"latency_us\": {");
+  const int first = o->whole ? MC_PH_COUNT : 0; /* --whole: no halves */
+  for (int ph = first; ph < N_ROWS; ph++)
+    printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > first ? ", " : "", row_names[ph], m->med[ph],
+           m->p99[ph]);
+  printf("},\n \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
+         "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
+         m->disp, m->disp_pe, m->comb, m->comb_pe);
+  if (o->dense_bytes)
+    printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
+           o->dense_bytes * (size_t)W, m->dense_med, m->dense_p99, res->dense_rc);
+  if (o->extra_baseline)
+    printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
+           o->dense_bytes * (size_t)W, m->nccl_med, m->nccl_p99, res->extra_rc);
+  if (o->floor) printf(" \"floor_barrier\": {\"median_us\": %.2f, \"p99_us\": %.2f},\n", m->floor_med, m->floor_p99);
+  /* bytes this rank sent per round over the median time of the phase pair */
+  printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", m->disp / m->med[MC_PH_COUNT] / 1e3,
+         m->comb / m->med[MC_PH_COUNT + 1] / 1e3);
+  printf(" \"buffer_bytes_per_rank\": %llu, \"max_rel_err_vs_ideal\": %.3g, \"failed_ranks\": %d, \"verdict\": \"%s\"",
+         (unsigned long long)m->buffer, m->max_err, m->failed, m->verdict);
+  if (m->failed) printf(", \"first_failure\": \"%s\"", mc_run_first_failure(res));
+  printf("}\n");
+}
 
-  if (json) {
-    printf("{\"tool\": \"mc-bench\", \"version\": %d, \"date\": \"%s\", \"host\": \"%s\", \"command\": \"", mc_version(),
-           when, un.nodename);
-    for (int i = 0; i < argc; i++) printf("%s%s", i ? " " : "", argv[i]);
-    printf("\", \"transport\": \"%s\", \"ranks_as\": \"%s\",\n", mc_transport_name(o.transport),
-           o.processes ? "processes" : "threads");
-    printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
-           "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
-           "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s},\n",
-           c.world_size, c.group_size, c.max_tokens, c.num_experts, c.topk, c.hidden, c.token_bytes, c.scale_bytes,
-           dtype_name(c.in_dtype), dtype_name(c.out_dtype), o.rounds, o.warmup, (unsigned long long)c.seed,
-           o.graph_timed ? "true" : "false", o.whole ? "true" : "false");
-    printf(" \"latency_us\": {");
-    for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) /* --whole: no halves */
-      printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > (o.whole ? MC_PH_COUNT : 0) ? ", " : "",
-             names[ph], med[ph], p99[ph]);
-    printf("},\n \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
-           "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
-           disp, disp_pe, comb, comb_pe);
-    if (o.dense_bytes)
-      printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
-             o.dense_bytes * (size_t)W, dense_med, dense_p99, res.dense_rc);
-    if (o.extra_baseline)
-      printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
-             o.dense_bytes * (size_t)W, nccl_med, nccl_p99, res.extra_rc);
-    if (o.floor) printf(" \"floor_barrier\": {\"median_us\": %.2f, \"p99_us\": %.2f},\n", floor_med, floor_p99);
-    /* bytes this rank sent per round over the median time of the phase pair */
-    printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", disp / med[MC_PH_COUNT] / 1e3,
-           comb / med[MC_PH_COUNT + 1] / 1e3);
-    printf(" \"buffer_bytes_per_rank\": %llu, \"max_rel_err_vs_ideal\": %.3g, \"failed_ranks\": %d, \"verdict\": \"%s\"",
-           (unsigned long long)buffer, max_err, failed, verdict);
-    if (failed) printf(", \"first_failure\": \"%s\"", mc_run_first_failure(&res));
-    printf("}\n");
-  } else {
-    printf("mc-bench  %d ranks (%s, %s transport)  group_size %d  %d tokens/rank  %d experts top-%d\n", W,
-           o.processes ? "processes" : "threads", mc_transport_name(o.transport), c.group_size, c.max_tokens,
-           c.num_experts, c.topk);
-    printf("          token %zu B + scales %zu B, combine %s -> %s, hidden %d; %d rounds after %d warm-up\n\n",
-           c.token_bytes, c.scale_bytes, dtype_name(c.in_dtype), dtype_name(c.out_dtype), c.hidden, o.rounds, o.warmup);
-    printf("  %-16s %12s %12s\n", "phase", "median us", "p99 us");
-    for (int ph = o.whole ? MC_PH_COUNT : 0; ph < MC_PH_COUNT + 2; ph++) {
-      if (ph == MC_PH_COUNT && !o.whole) printf("  %-16s %12s %12s\n", "", "", "");
-      printf("  %-16s %12.1f %12.1f\n", names[ph], med[ph], p99[ph]);
-    }
-    printf("\n  bytes sent per rank per round   ours        per-expert design   ratio\n");
-    printf("    dispatch                    %10.0f   %10.0f          %.2f\n", disp, disp_pe, disp / disp_pe);
-    printf("    combine                     %10.0f   %10.0f          %.2f\n", comb, comb_pe, comb / comb_pe);
-    if (o.dense_bytes) {
-      if (res.dense_rc == MC_SUCCESS)
-        printf("\n  dense all-to-all baseline       %12.1f %12.1f   (%.0f MB per rank; %.1fx dispatch+combine)\n",
-               dense_med, dense_p99, (double)o.dense_bytes * W / 1e6, dense_med / (med[MC_PH_COUNT] + med[MC_PH_COUNT + 1]));
-      else
-        printf("\n  dense all-to-all baseline: failed (%s)\n", mc_result_string((mc_result_t)res.dense_rc));
-    }
-    if (o.extra_baseline) {
-      if (res.extra_rc == 0)
-        printf("  NCCL send/recv baseline        %12.1f %12.1f   (%.1fx dispatch+combine)\n", nccl_med, nccl_p99,
-               nccl_med / (med[MC_PH_COUNT] + med[MC_PH_COUNT + 1]));
-      else
-        printf("  NCCL send/recv baseline: failed (see stderr)\n");
-    }
-    if (o.floor)
-      printf("  floor: mc_a2a_barrier alone   %12.1f %12.1f   (no bytes: events and launch)\n", floor_med, floor_p99);
-    printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)buffer,
-           (double)buffer / 1048576.0);
-    if (o.check) printf("  combine error vs exact sum    %.3g of sum|w*y| (tolerance %.3g)\n", max_err, mc_ref_tolerance(&c));
-    printf("\n  verdict: %s", verdict);
-    if (failed) printf(" (%d rank(s)): %s", failed, mc_run_first_failure(&res));
-    printf("\n");
+static void print_table(const bench_args_t *a, const mc_run_result_t *res, const bench_sum_t *m) {
+  const mc_case_t *c = &a->c;
+  const mc_run_opts_t *o = &a->o;
+  const int W = c->world_size;
+  const double pair = m->med[MC_PH_COUNT] + m->med[MC_PH_COUNT + 1];
+  printf("mc-bench  %d ranks (%s, %s transport)  group_size %d  %d tokens/rank  %d experts top-%d\n", W,
+         o->processes ? "processes" : "threads", mc_transport_name(o->transport), c->group_size, c->max_tokens,
+         c->num_experts, c->topk);
+  printf("          token %zu B + scales %zu B, combine %s -> %s, hidden %d; %d rounds after %d warm-up\n\n",
+         c->token_bytes, c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), c->hidden, o->rounds,
+         o->warmup);
+  printf("  %-16s %12s %12s\n", "phase", "median us", "p99 us");
+  for (int ph = o->whole ? MC_PH_COUNT : 0; ph < N_ROWS; ph++) {
+    if (ph == MC_PH_COUNT && !o->whole) printf("  %-16s %12s %12s\n", "", "", "");
+    printf("  %-16s %12.1f %12.1f\n", row_names[ph], m->med[ph], m->p99[ph]);
   }
+  printf("\n  bytes sent per rank per round   ours        per-expert design   ratio\n");
+  printf("    dispatch                    %10.0f   %10.0f          %.2f\n", m->disp, m->disp_pe, m->disp / m->disp_pe);
+  printf("    combine                     %10.0f   %10.0f          %.2f\n", m->comb, m->comb_pe, m->comb / m->comb_pe);
+  if (o->dense_bytes) {
+    if (res->dense_rc == MC_SUCCESS)
+      printf("\n  dense all-to-all baseline       %12.1f %12.1f   (%.0f MB per rank; %.1fx dispatch+combine)\n",
+             m->dense_med, m->dense_p99, (double)o->dense_bytes * W / 1e6, m->dense_med / pair);
+    else
+      printf("\n  dense all-to-all baseline: failed (%s)\n", mc_result_string((mc_result_t)res->dense_rc));
+  }
+  if (o->extra_baseline) {
+    if (res->extra_rc == 0)
+      printf("  NCCL send/recv baseline        %12.1f %12.1f   (%.1fx dispatch+combine)\n", m->nccl_med, m->nccl_p99,
+             m->nccl_med / pair);
+    else
+      printf("  NCCL send/recv baseline: failed (see stderr)\n");
+  }
+  if (o->floor)
+    printf("  floor: mc_a2a_barrier alone   %12.1f %12.1f   (no bytes: events and launch)\n", m->floor_med,
+           m->floor_p99);
+  printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)m->buffer,
+         (double)m->buffer / 1048576.0);
+  if (o->check)
+    printf("  combine error vs exact sum    %.3g of sum|w*y| (tolerance %.3g)\n", m->max_err, mc_ref_tolerance(c));
+  printf("\n  verdict: %s", m->verdict);
+  if (m->failed) printf(" (%d rank(s)): %s", m->failed, mc_run_first_failure(res));
+  printf("\n");
+}
+
+int main(int argc, char **argv) {
+  bench_args_t a = {.dense = 1};
+  mc_ref_deepseek_case(8, 128, &a.c);
+  a.o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
+  a.o.rounds = 20;
+  a.o.warmup = 3;
+  a.o.barrier = 1;
+  a.o.check_first = 5;
+  int rc = parse_args(argc, argv, &a);
+  if (rc < 0) rc = settle_args(&a);
+  if (rc >= 0) return rc;
+  if (a.sizes_only) {
+    print_sizes(&a.c);
+    return 0;
+  }
+  mc_run_result_t res;
+  int failed = mc_run(&a.c, &a.o, &res);
+  if (failed < 0) {
+    fprintf(stderr, "mc-bench: the run could not start\n");
+    return 1;
+  }
+  bench_sum_t m;
+  summarize(&a, &res, failed, &m);
+  if (a.json) print_json(argc, argv, &a, &res, &m);
+  else print_table(&a, &res, &m);
   mc_run_free(&res);
   return failed == 0 ? 0 : 1;
 }
