@@ -155,6 +155,181 @@ MC_DEV uint32_t mc_meta_word(const mc_shape_t *s, const uint32_t *count, int dst
   return l == 0 ? count[s->num_experts + dst] : count[dst * mc_num_local_experts(s) + l - 1];
 }
 
+/* One token's routing, held by its lane. Per k, in registers (loops
+ * unrolled to MC_MAX_TOPK, guarded by K: no dynamically indexed arrays,
+ * which would live in local memory and make every step a dependent load):
+ * expert id, weight, destination rank, whether k is the first of its rank
+ * (bit k of first), that rank's index among the token's distinct ranks,
+ * ascending (jpos), and the token's place among its warp's tokens to each
+ * expert (pe) and each rank (pr). */
+typedef struct mc_prep_tok {
+  int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
+  float wt[MC_MAX_TOPK];
+  uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first;
+} mc_prep_tok_t;
+
+/* Loads token t's top-k and checks it. A bad one is recorded (by one block
+ * where every block scans every token) and refused: returns false. */
+MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const int t, const uint64_t round,
+                         mc_prep_tok_t &tk) {
+  const int E = a.s.num_experts;
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++)
+    if (k < K) tk.idx[k] = a.indices[(int64_t)t * K + k], tk.wt[k] = a.weights ? a.weights[(int64_t)t * K + k] : 1.0f;
+  int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_check reports it */
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++) {
+    if (k >= K || bad_k >= 0) continue;
+    if (tk.idx[k] < 0 || tk.idx[k] >= E) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
+#pragma unroll
+    for (int j = 0; j < k; j++)
+      if (bad_k < 0 && tk.idx[j] == tk.idx[k]) bad_k = k, why = MC_ROUTE_DUPLICATE;
+  }
+  if (bad_k >= 0) {
+    int v = 0;
+#pragma unroll
+    for (int k = 0; k < MC_MAX_TOPK; k++)
+      if (k == bad_k) v = tk.idx[k];
+    if (!one || blockIdx.x == 0) /* one launch: every block finds it; one records it */
+      mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
+                  a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+  }
+  return bad_k < 0;
+}
+
+/* A valid token's destination ranks (rk, first, jpos), stored ascending
+ * into the route table. */
+MC_DEV void mc_prep_ranks(const int K, const int L, const int t, const mc_route_tab_t &tab, mc_prep_tok_t &tk) {
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++) {
+    tk.rk[k] = k < K ? tk.idx[k] / L : 0;
+    bool f = k < K;
+#pragma unroll
+    for (int j = 0; j < k; j++) f = f && tk.rk[j] != tk.rk[k];
+    tk.first |= (uint32_t)f << k;
+  }
+  int nd = 0;
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++) {
+    tk.jpos[k] = 0;
+#pragma unroll
+    for (int j = 0; j < MC_MAX_TOPK; j++) tk.jpos[k] += (tk.first >> j & 1u) && tk.rk[j] < tk.rk[k];
+    nd += tk.first >> k & 1u;
+  }
+  tab.ndest[t] = (uint16_t)nd;
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++)
+    if (tk.first >> k & 1u) tab.dests[(int64_t)t * K + tk.jpos[k]] = (uint16_t)tk.rk[k];
+}
+
+/* Every thread of the block: masks and row counts, then each token's place
+ * among its warp's tokens, then per column the warps' bases (in mask) and
+ * the totals (in count). ok: a valid token of the group; scan: one of this
+ * rank's share. One shared-memory RMW per group of lanes with the same
+ * column (every lane of a scanning warp takes part: a lane with nothing to
+ * add uses a key no other lane has). */
+MC_DEV void mc_prep_place(const int K, const int E, const int C, const int NW, const bool ok, const bool scan,
+                          uint32_t *count, uint32_t *rexp, uint32_t *mask, uint32_t *wm, mc_prep_tok_t &tk) {
+  const int lane = threadIdx.x & 31;
+  if (ok) {
+#pragma unroll
+    for (int k = 0; k < MC_MAX_TOPK; k++)
+      if (tk.first >> k & 1u) atomicAdd(&rexp[tk.rk[k]], 1u);
+  }
+  if (scan) {
+#pragma unroll
+    for (int k = 0; k < MC_MAX_TOPK; k++) {
+      if (k < K) atomicOr(&wm[tk.idx[k]], 1u << lane);
+      if (tk.first >> k & 1u) atomicOr(&wm[E + tk.rk[k]], 1u << lane);
+    }
+  }
+  __syncwarp();
+  const uint32_t lt = mc_lanemask_lt();
+  if (scan) { /* place among this warp's tokens */
+#pragma unroll
+    for (int k = 0; k < MC_MAX_TOPK; k++) {
+      if (k < K) tk.pe[k] = __popc(wm[tk.idx[k]] & lt);
+      if (tk.first >> k & 1u) tk.pr[k] = __popc(wm[E + tk.rk[k]] & lt);
+    }
+  }
+  __syncthreads();
+  /* per column, warp by warp: mask -> base of that warp's tokens */
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    uint32_t run = count[c];
+    for (int w = 0; w < NW; w++) {
+      const uint32_t n = __popc(mask[(size_t)w * C + c]);
+      mask[(size_t)w * C + c] = run;
+      run += n;
+    }
+    count[c] = run;
+  }
+  __syncthreads();
+}
+
+/* A token of this rank's share, placed: its record index at each
+ * destination, and its header (targets in ascending expert id: the ids are
+ * distinct). One launch: the header goes straight into the record slot at
+ * each destination (all reachable), from the block t % gridDim.x; chunked:
+ * into staging (the send kernel copies or puts the record). No header is
+ * stored where the round is refused (*refused, shared). */
+MC_DEV void mc_prep_record(const mc_kargs_t &a, const int K, const bool one, const int t, const int begin,
+                           const mc_route_tab_t &tab, const uint32_t *wm, uint32_t *sent, const int *refused,
+                           const mc_prep_tok_t &tk) {
+  const mc_shape_t *s = &a.s;
+  const int E = s->num_experts;
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++)
+    if (tk.first >> k & 1u) tab.ridx[(int64_t)(t - begin) * K + tk.jpos[k]] = wm[E + tk.rk[k]] + tk.pr[k];
+  const bool hdr_here = one ? t % (int)gridDim.x == (int)blockIdx.x : true;
+  if (!hdr_here || *refused) return;
+#pragma unroll
+  for (int d = 0; d < MC_MAX_TOPK; d++) {
+    if (!one && d > 0) break;
+    if (one && !(tk.first >> d & 1u)) continue;
+    mc_record_header_t *h =
+        one ? (mc_record_header_t *)(mc_t_peer_window(&a, tk.rk[d]) +
+                                     mc_disp_recv_off(s, a.rank, (int)(wm[E + tk.rk[d]] + tk.pr[d])))
+            : (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+    h->token = t;
+    h->n_targets = K;
+#pragma unroll
+    for (int k = 0; k < MC_MAX_TOPK; k++) {
+      if (k >= K) continue;
+      int at = 0;
+#pragma unroll
+      for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && tk.idx[j] < tk.idx[k];
+      h->targets[at] = mc_target_t{tk.idx[k], (int32_t)(wm[tk.idx[k]] + tk.pe[k]), tk.wt[k]};
+    }
+    if (one) atomicAdd(&sent[tk.rk[d]], 1u);
+  }
+}
+
+/* The accepted round, from one block: the state later kernels read, the
+ * metas (into staging, or one launch: into the peers' windows, signalled). */
+MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, const uint32_t *count,
+                           const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
+  mc_prep_publish(a, count, rexp, m_eff);
+  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
+    const int dst = i / (L + 1), l = i % (L + 1);
+    uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
+                         : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
+    meta[l] = mc_meta_word(s, count, dst, l);
+  }
+  if (one) {
+    /* later kernels (combine) read the routes from the workspace */
+    uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+    for (int i = tid; i < m_eff * K; i += blockDim.x) gd[i] = tab.dests[i];
+    for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
+    __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
+    for (int dst = tid; dst < W; dst += blockDim.x)
+      mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+  } else if (tid == 0) {
+    *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
+  }
+}
+
 /* The prep. mode MC_PREP_CHUNKS: block b scans chunk b; tables to the
  * workspace, headers to staging, the last block publishes and leaves the
  * metas in staging for the send kernel. mode MC_PREP_ONE: every block
@@ -193,140 +368,28 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
   mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
   uint32_t *wm = mask + (size_t)(warp < NW ? warp : 0) * C; /* this warp's masks (warps < NW) */
   const int base = (one ? 0 : (int)blockIdx.x) * mc_prep_chunk(s); /* this block's chunk */
-  const bool scanning = warp < NW;
-  /* Per k, in registers (loops unrolled to MC_MAX_TOPK, guarded by K: no
-   * dynamically indexed arrays, which would live in local memory and make
-   * every step a dependent load): expert id, weight, destination rank,
-   * whether k is the first of its rank (bit k of first), and that rank's
-   * index among the token's distinct ranks, ascending (jpos). */
-  int32_t idx[MC_MAX_TOPK], rk[MC_MAX_TOPK], jpos[MC_MAX_TOPK];
-  float wt[MC_MAX_TOPK];
-  uint32_t pe[MC_MAX_TOPK], pr[MC_MAX_TOPK], first = 0;
+  mc_prep_tok_t tk;
 #pragma unroll
-  for (int k = 0; k < MC_MAX_TOPK; k++) idx[k] = 0, rk[k] = 0, jpos[k] = 0, wt[k] = 0.0f, pe[k] = 0, pr[k] = 0;
+  for (int k = 0; k < MC_MAX_TOPK; k++)
+    tk.idx[k] = 0, tk.rk[k] = 0, tk.jpos[k] = 0, tk.wt[k] = 0.0f, tk.pe[k] = 0, tk.pr[k] = 0;
+  tk.first = 0;
   bool ok = false;   /* a valid token of the group */
   bool scan = false; /* a valid token of this rank's share */
   const int t = base + warp * 32 + lane;
   if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
     __syncthreads(); /* masks and counts are zero */
-    const bool mine = scanning && t < m_eff;
-    if (mine) {
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++)
-        if (k < K) idx[k] = a.indices[(int64_t)t * K + k], wt[k] = a.weights ? a.weights[(int64_t)t * K + k] : 1.0f;
-      int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_check reports it */
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k >= K || bad_k >= 0) continue;
-        if (idx[k] < 0 || idx[k] >= E) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
-#pragma unroll
-        for (int j = 0; j < k; j++)
-          if (bad_k < 0 && idx[j] == idx[k]) bad_k = k, why = MC_ROUTE_DUPLICATE;
-      }
-      if (bad_k >= 0) {
-        int v = 0;
-#pragma unroll
-        for (int k = 0; k < MC_MAX_TOPK; k++)
-          if (k == bad_k) v = idx[k];
-        if (!one || blockIdx.x == 0) /* one launch: every block finds it; one records it */
-          mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT,
-                      MC_PHASE_DSEND, a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+    if (warp < NW && t < m_eff) {
+      if (!mc_prep_load(a, K, one, t, round, tk)) {
         bad = 1;
       } else {
-#pragma unroll
-        for (int k = 0; k < MC_MAX_TOPK; k++) {
-          rk[k] = k < K ? idx[k] / L : 0;
-          bool f = k < K;
-#pragma unroll
-          for (int j = 0; j < k; j++) f = f && rk[j] != rk[k];
-          first |= (uint32_t)f << k;
-        }
-        int nd = 0;
-#pragma unroll
-        for (int k = 0; k < MC_MAX_TOPK; k++) {
-          jpos[k] = 0;
-#pragma unroll
-          for (int j = 0; j < MC_MAX_TOPK; j++) jpos[k] += (first >> j & 1u) && rk[j] < rk[k];
-          nd += first >> k & 1u;
-        }
-        tab.ndest[t] = (uint16_t)nd;
-#pragma unroll
-        for (int k = 0; k < MC_MAX_TOPK; k++)
-          if (first >> k & 1u) tab.dests[(int64_t)t * K + jpos[k]] = (uint16_t)rk[k];
+        mc_prep_ranks(K, L, t, tab, tk);
         ok = true;
         scan = t >= begin && t < end;
       }
     }
-    /* Masks and row counts, one shared-memory RMW per group of lanes with
-     * the same column (every lane of a scanning warp takes part: a lane
-     * with nothing to add uses a key no other lane has) */
-    if (ok) {
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++)
-        if (first >> k & 1u) atomicAdd(&rexp[rk[k]], 1u);
-    }
-    if (scan) {
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k < K) atomicOr(&wm[idx[k]], 1u << lane);
-        if (first >> k & 1u) atomicOr(&wm[E + rk[k]], 1u << lane);
-      }
-    }
-    __syncwarp();
-    const uint32_t lt = mc_lanemask_lt();
-    if (scan) { /* place among this warp's tokens */
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++) {
-        if (k < K) pe[k] = __popc(wm[idx[k]] & lt);
-        if (first >> k & 1u) pr[k] = __popc(wm[E + rk[k]] & lt);
-      }
-    }
-    __syncthreads();
-    /* per column, warp by warp: mask -> base of that warp's tokens */
-    for (int c = tid; c < C; c += blockDim.x) {
-      uint32_t run = count[c];
-      for (int w = 0; w < NW; w++) {
-        const uint32_t n = __popc(mask[(size_t)w * C + c]);
-        mask[(size_t)w * C + c] = run;
-        run += n;
-      }
-      count[c] = run;
-    }
-    __syncthreads();
-    if (scan) {
-      /* record index at each destination; the header (targets in ascending
-       * expert id: the ids are distinct) */
-#pragma unroll
-      for (int k = 0; k < MC_MAX_TOPK; k++)
-        if (first >> k & 1u) tab.ridx[(int64_t)(t - begin) * K + jpos[k]] = wm[E + rk[k]] + pr[k];
-      const bool hdr_here = one ? t % (int)gridDim.x == (int)blockIdx.x : true;
-      if (hdr_here && !bad) {
-        /* one launch: straight into the record slot at each destination
-         * (all reachable); chunked: into staging (the send kernel copies
-         * or puts the record) */
-#pragma unroll
-        for (int d = 0; d < MC_MAX_TOPK; d++) {
-          if (!one && d > 0) break;
-          if (one && !(first >> d & 1u)) continue;
-          mc_record_header_t *h =
-              one ? (mc_record_header_t *)(mc_t_peer_window(&a, rk[d]) +
-                                           mc_disp_recv_off(s, a.rank, (int)(wm[E + rk[d]] + pr[d])))
-                  : (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
-          h->token = t;
-          h->n_targets = K;
-#pragma unroll
-          for (int k = 0; k < MC_MAX_TOPK; k++) {
-            if (k >= K) continue;
-            int at = 0;
-#pragma unroll
-            for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && idx[j] < idx[k];
-            h->targets[at] = mc_target_t{idx[k], (int32_t)(wm[idx[k]] + pe[k]), wt[k]};
-          }
-          if (one) atomicAdd(&sent[rk[d]], 1u);
-        }
-      }
-    }
+    mc_prep_place(K, E, C, NW, ok, scan, count, rexp, mask, wm, tk);
+    if (scan) mc_prep_record(a, K, one, t, begin, tab, wm, sent, &bad, tk);
   }
   __syncthreads();
   if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return -1;
@@ -335,26 +398,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
     if (tid == 0 && (!one || blockIdx.x == 0)) sc[MC_WS_BAD] = 1;
     return -1;
   }
-  if (!one || blockIdx.x == 0) {
-    mc_prep_publish(a, count, rexp, m_eff);
-    for (int i = tid; i < W * (L + 1); i += blockDim.x) {
-      const int dst = i / (L + 1), l = i % (L + 1);
-      uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
-                           : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
-      meta[l] = mc_meta_word(s, count, dst, l);
-    }
-    if (one) {
-      /* later kernels (combine) read the routes from the workspace */
-      uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
-      for (int i = tid; i < m_eff * K; i += blockDim.x) gd[i] = tab.dests[i];
-      for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
-      __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
-      for (int dst = tid; dst < W; dst += blockDim.x)
-        mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
-    } else if (tid == 0) {
-      *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
-    }
-  }
+  if (!one || blockIdx.x == 0) mc_prep_finish(a, K, one, count, rexp, m_eff, tab, round);
   mc_trace_end(&a, MC_TK_PREP);
   return m_eff;
 }
