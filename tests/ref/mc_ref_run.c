@@ -54,51 +54,57 @@ int mc_rr_oob_barrier(const mc_oob_t *oob) {
   return rc;
 }
 
-#define API(call)                                                                                                      \
+/* One rank's run: its handles, buffers and where it stands. */
+typedef struct rank_st {
+  run_ctx_t *ctx;
+  const mc_case_t *c;
+  const mc_run_opts_t *o;
+  mc_run_rank_t *me;
+  int rank, gpu, nh;
+  double *samples; /* [MC_PH_COUNT][rounds] of this rank */
+  mc_comm_t *comm;
+  mc_a2a_t *hs[64], *a2a; /* a2a: the handle of the current round */
+  bufs_t b;
+  dbufs_t d;
+  uint64_t round;
+  size_t xbytes, sbytes, ybytes, obytes;
+} rank_st_t;
+
+/* A library call that must succeed: on failure record it and return -1
+ * from the calling step. */
+#define API(st, call)                                                                                                  \
   do {                                                                                                                 \
     mc_result_t rc_ = (call);                                                                                          \
     if (rc_ != MC_SUCCESS) {                                                                                           \
-      mc_rr_fail(me, rc_, "round %llu rank %d: %s -> %s: %s", (unsigned long long)round, rank, #call,                  \
-                 mc_result_string(rc_),                                                                                \
-                 a2a    ? mc_a2a_last_error(a2a)                                                                       \
-                 : comm ? mc_comm_last_error(comm)                                                                     \
-                        : mc_last_error());                                                                            \
-      goto done;                                                                                                       \
+      mc_rr_fail((st)->me, rc_, "round %llu rank %d: %s -> %s: %s", (unsigned long long)(st)->round, (st)->rank,       \
+                 #call, mc_result_string(rc_),                                                                         \
+                 (st)->a2a    ? mc_a2a_last_error((st)->a2a)                                                           \
+                 : (st)->comm ? mc_comm_last_error((st)->comm)                                                         \
+                              : mc_last_error());                                                                      \
+      return -1;                                                                                                       \
     }                                                                                                                  \
   } while (0)
 
-static void rank_main(run_ctx_t *ctx) {
-  const mc_case_t *c = ctx->c;
-  const mc_run_opts_t *o = ctx->o;
-  const int rank = ctx->rank, G = c->group_size, groups = mc_ref_num_groups(c);
-  const int nh = o->handles > 0 ? o->handles : 1;
-  const int gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
-  mc_run_rank_t *me = &ctx->res->ranks[rank];
-  me->transport = -1; /* until a communicator exists */
-  double *samples = ctx->res->samples_us + (size_t)rank * MC_PH_COUNT * (size_t)ctx->res->rounds;
-  mc_comm_t *comm = NULL;
-  mc_a2a_t *hs[64] = {0}, *a2a = NULL;
-  bufs_t b;
-  dbufs_t d = {0};
-  uint64_t round = 0;
-  double t_start = now_us();
-  int device = gpu ? mc_dev_select(rank) : -1;
-  if (gpu && device < 0) {
-    mc_rr_fail(me, 0, "rank %d: no CUDA device for a GPU transport", rank);
-    memset(&b, 0, sizeof b);
-    goto done;
+/* Buffers, the communicator and the handles. 0, or -1 (recorded). */
+static int rank_setup(rank_st_t *st) {
+  const mc_case_t *c = st->c;
+  const mc_run_opts_t *o = st->o;
+  const int device = st->gpu ? mc_dev_select(st->rank) : -1;
+  if (st->gpu && device < 0) {
+    mc_rr_fail(st->me, 0, "rank %d: no CUDA device for a GPU transport", st->rank);
+    return -1;
   }
-  if (mc_rr_alloc_bufs(c, &b) != 0 || mc_rr_alloc_dbufs(c, gpu, &b, &d) != 0) {
-    mc_rr_fail(me, 0, "rank %d: out of memory for the test buffers", rank);
-    goto done;
+  if (mc_rr_alloc_bufs(c, &st->b) != 0 || mc_rr_alloc_dbufs(c, st->gpu, &st->b, &st->d) != 0) {
+    mc_rr_fail(st->me, 0, "rank %d: out of memory for the test buffers", st->rank);
+    return -1;
   }
   mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
-  cc.group_size = G;
+  cc.group_size = c->group_size;
   cc.transport = o->auto_transport ? MC_TRANSPORT_AUTO : o->transport;
   cc.timeout_ms = o->timeout_ms;
   cc.device = device;
-  API(mc_comm_create(&ctx->oob, &cc, &comm));
-  me->transport = (int)mc_comm_transport(comm);
+  API(st, mc_comm_create(&st->ctx->oob, &cc, &st->comm));
+  st->me->transport = (int)mc_comm_transport(st->comm);
   mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
   ac.max_tokens = c->max_tokens;
   ac.num_experts = c->num_experts;
@@ -108,22 +114,215 @@ static void rank_main(run_ctx_t *ctx) {
   ac.hidden = c->hidden;
   ac.combine_in_dtype = c->in_dtype;
   ac.combine_out_dtype = c->out_dtype;
-  for (int h = 0; h < nh && h < 64; h++) {
-    API(mc_a2a_create(comm, &ac, &hs[h]));
-  }
+  for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
-  const size_t xbytes = (size_t)L * cap * c->token_bytes, sbytes = (size_t)L * cap * c->scale_bytes;
-  const size_t ybytes = (size_t)L * cap * c->hidden * mc_dtype_size(c->in_dtype);
-  const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
-  if (gpu) mc_dev_fill(1, d.y, POISON_OUT, ybytes); /* rows of unfilled slots stay poison */
-  if (gpu && o->graph) {
-    a2a = hs[0];
-    mc_rr_run_graph_rounds(c, o, rank, a2a, &b, &d, me);
-    goto done;
+  st->xbytes = (size_t)L * cap * c->token_bytes;
+  st->sbytes = (size_t)L * cap * c->scale_bytes;
+  st->ybytes = (size_t)L * cap * c->hidden * mc_dtype_size(c->in_dtype);
+  st->obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
+  if (st->gpu) mc_dev_fill(1, st->d.y, POISON_OUT, st->ybytes); /* rows of unfilled slots stay poison */
+  return 0;
+}
+
+/* This round's inputs (every group's where the round is checked: the
+ * reference needs them all), uploaded; outputs poisoned where checked. */
+static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
+  const mc_case_t *c = st->c;
+  const int G = c->group_size, L = mc_ref_local_experts(c);
+  for (int g = 0; g < mc_ref_num_groups(c); g++) {
+    if (!check && g != st->rank / G) continue;
+    mc_ref_input_free(&st->b.ins[g]);
+    if (mc_ref_input(c, st->round, g, &st->b.ins[g]) != 0) {
+      mc_rr_fail(st->me, 0, "rank %d: out of host memory for inputs", st->rank);
+      return -1;
+    }
+  }
+  if (mc_rr_upload_inputs(c, &st->b.ins[st->rank / G], &st->d, ci) != 0) {
+    mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
+    return -1;
+  }
+  if (check) {
+    dbufs_t *d = &st->d;
+    mc_dev_fill(st->gpu, d->x, POISON_X, st->xbytes);
+    if (d->xs) mc_dev_fill(st->gpu, d->xs, POISON_X, st->sbytes);
+    if (!st->gpu) mc_dev_fill(0, d->y, POISON_OUT, st->ybytes);
+    mc_dev_fill(st->gpu, d->out, POISON_OUT, st->obytes);
+    mc_dev_fill(st->gpu, d->count, 0xF9, (size_t)L * 4); /* -7ish */
+  }
+  return 0;
+}
+
+/* Host barrier, then (GPU) the ranks' streams lined up on the device: the
+ * host barrier leaves launch skew between processes. */
+static int round_barrier(rank_st_t *st) {
+  if (mc_rr_oob_barrier(&st->ctx->oob) != 0) {
+    mc_rr_fail(st->me, 0, "rank %d: barrier failed", st->rank);
+    return -1;
+  }
+  if (st->gpu) API(st, mc_a2a_barrier(st->a2a, mc_dev_stream()));
+  return 0;
+}
+
+/* Dispatch as one call or two halves, between marks 0-3. */
+static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
+  dbufs_t *d = &st->d;
+#define DISPATCH(flags)                                                                                                \
+  mc_dispatch(st->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,  \
+              mc_dev_stream())
+  mc_dev_mark(st->gpu, 0);
+  if (one_call) {
+    API(st, DISPATCH(MC_SEND_RECV));
+  } else {
+    API(st, DISPATCH(MC_SEND));
+    mc_dev_mark(st->gpu, 1);
+    if (st->o->split) mc_dev_busy(st->gpu, d->scratch, 16u << 20);
+    mc_dev_mark(st->gpu, 2);
+    API(st, DISPATCH(MC_RECV));
+  }
+  mc_dev_mark(st->gpu, 3);
+#undef DISPATCH
+  return 0;
+}
+
+/* After dispatch: (checked rounds) the outputs against the reference; the
+ * fake experts' outputs made and uploaded. */
+static int round_experts(rank_st_t *st, int check) {
+  const mc_case_t *c = st->c;
+  const int L = mc_ref_local_experts(c);
+  bufs_t *b = &st->b;
+  dbufs_t *d = &st->d;
+  mc_dev_sync(st->gpu);
+  API(st, mc_a2a_check(st->a2a)); /* a GPU transport's failure shows after the sync */
+  if (st->gpu && (mc_dev_get(1, b->count, d->count, (size_t)L * 4) || mc_dev_get(1, b->x, d->x, st->xbytes) ||
+                  (d->xs && mc_dev_get(1, b->xs, d->xs, st->sbytes)))) {
+    mc_rr_fail(st->me, 0, "round %llu rank %d: downloading dispatch outputs failed", (unsigned long long)st->round,
+               st->rank);
+    return -1;
+  }
+  if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
+  if (mc_rr_experts_roundtrip(c, b, d, st->rank)) {
+    mc_rr_fail(st->me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)st->round,
+               st->rank);
+    return -1;
+  }
+  return 0;
+}
+
+/* Combine as one call or two halves, between marks 4-7. */
+static int round_combine(rank_st_t *st, int one_call) {
+  dbufs_t *d = &st->d;
+  mc_dev_mark(st->gpu, 4);
+  if (one_call) {
+    API(st, mc_combine(st->a2a, d->y, d->out, MC_SEND_RECV, mc_dev_stream()));
+  } else {
+    API(st, mc_combine(st->a2a, d->y, d->out, MC_SEND, mc_dev_stream()));
+    mc_dev_mark(st->gpu, 5);
+    if (st->o->split) mc_dev_busy(st->gpu, d->scratch, 16u << 20);
+    mc_dev_mark(st->gpu, 6);
+    API(st, mc_combine(st->a2a, d->y, d->out, MC_RECV, mc_dev_stream()));
+  }
+  mc_dev_mark(st->gpu, 7);
+  mc_dev_sync(st->gpu);
+  return 0;
+}
+
+/* A checked round's end: the combined rows against the reference, and the
+ * library's count of records sent against one per (token, rank). */
+static int round_check_combine(rank_st_t *st, const mc_input_t *in, const mc_a2a_stats_t *before) {
+  if (st->gpu && mc_dev_get(1, st->b.out, st->d.out, st->obytes)) {
+    mc_rr_fail(st->me, 0, "round %llu rank %d: downloading combine output failed", (unsigned long long)st->round,
+               st->rank);
+    return -1;
+  }
+  mc_rr_check_combine(st->c, &st->b, st->rank, st->round, st->me);
+  mc_a2a_stats_t after = {.size = sizeof after};
+  mc_a2a_get_stats(st->a2a, &after);
+  uint64_t want = mc_ref_records_sent(st->c, in, st->rank),
+           got = after.dispatch_records_sent - before->dispatch_records_sent;
+  st->me->expected_records += want;
+  if (got != want)
+    mc_rr_fail(st->me, 0, "round %llu rank %d: sent %llu dispatch records, one per (token, rank) is %llu",
+               (unsigned long long)st->round, st->rank, (unsigned long long)got, (unsigned long long)want);
+  return 0;
+}
+
+/* Round i of total. 0: go on; -1: stop (failed, or this rank stalls). */
+static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
+  const mc_run_opts_t *o = st->o;
+  st->round = (uint64_t)i + 1;
+  st->a2a = st->hs[i % st->nh];
+  const int check = o->check && (o->check_first <= 0 || i < o->check_first || i == total - 1);
+  if (st->rank == o->stall_rank && i == o->stall_round) {
+    if (o->processes) raise(SIGKILL); /* a rank that dies */
+    return -1;                        /* a rank that goes silent */
+  }
+  if (round_inputs(st, check, ci) != 0) return -1;
+  const mc_input_t *in = &st->b.ins[st->rank / st->c->group_size];
+  mc_a2a_stats_t before = {.size = sizeof before};
+  if (check) mc_a2a_get_stats(st->a2a, &before);
+  if (o->inject_bad &&
+      mc_rr_inject_bad_calls(st->c, st->a2a, in, ci, &st->b, &st->d, st->rank, st->round, st->me))
+    return -1;
+  mc_dev_sync(st->gpu);
+  if (o->barrier && round_barrier(st) != 0) return -1;
+  /* each phase as one call (MC_SEND_RECV) or as two halves: whole 1 every
+   * round, 2 every other round (tests: both paths, and the switch
+   * between them), 0 never; split always calls the halves */
+  const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
+  if (round_dispatch(st, ci, in->m, one_call) != 0) return -1;
+  if ((check || !st->gpu) && round_experts(st, check) != 0) return -1;
+  if (round_combine(st, one_call) != 0) return -1;
+  if (i >= o->warmup && i < o->warmup + o->rounds)
+    mc_rr_store_samples(st->samples, st->ctx->res->rounds, i - o->warmup, st->gpu, st->gpu && one_call);
+  API(st, mc_a2a_check(st->a2a));
+  return check ? round_check_combine(st, in, &before) : 0;
+}
+
+/* --floor: mc_a2a_barrier alone, timed as a round is. */
+static int rank_floor(rank_st_t *st) {
+  const mc_run_opts_t *o = st->o;
+  mc_run_result_t *res = st->ctx->res;
+  for (int i = 0; i < o->warmup + o->rounds; i++) {
+    mc_dev_sync(st->gpu); /* as before a round */
+    if (round_barrier(st) != 0) return -1;
+    mc_dev_mark(st->gpu, 0);
+    API(st, mc_a2a_barrier(st->a2a, mc_dev_stream()));
+    mc_dev_mark(st->gpu, 1);
+    mc_dev_sync(st->gpu);
+    if (i >= o->warmup)
+      res->floor_us[(size_t)st->rank * res->rounds + (size_t)(i - o->warmup)] = (float)mc_dev_elapsed_us(st->gpu, 0, 1);
+  }
+  return 0;
+}
+
+/* The dense all-to-all baselines of the same payload. */
+static void rank_baselines(rank_st_t *st) {
+  const mc_run_opts_t *o = st->o;
+  mc_run_result_t *res = st->ctx->res;
+  mc_dev_sync(st->gpu);
+  mc_result_t drc = mc_comm_bench_dense_alltoall(st->comm, o->dense_bytes, o->warmup, o->rounds,
+                                                 res->dense_us + (size_t)st->rank * res->rounds);
+  if (st->rank == 0) res->dense_rc = drc;
+  if (st->rank == 0 && drc != MC_SUCCESS) fprintf(stderr, "dense baseline: %s\n", mc_comm_last_error(st->comm));
+  if (o->extra_baseline) {
+    int xrc = o->extra_baseline(&st->ctx->oob, o->dense_bytes, o->warmup, o->rounds,
+                                res->extra_us + (size_t)st->rank * res->rounds);
+    if (st->rank == 0) res->extra_rc = xrc;
+  }
+}
+
+/* Every round, then what was asked besides. -1 where a step stopped. */
+static int rank_work(rank_st_t *st) {
+  const mc_run_opts_t *o = st->o;
+  if (rank_setup(st) != 0) return -1;
+  if (st->gpu && o->graph) {
+    st->a2a = st->hs[0];
+    mc_rr_run_graph_rounds(st->c, o, st->rank, st->a2a, &st->b, &st->d, st->me);
+    return 0;
   }
   /* timed graph mode: the eager rounds are the warm-up (and the checks),
    * the timed rounds are replays of a captured round */
-  const int timed_graph = gpu && o->graph_timed;
+  const int timed_graph = st->gpu && o->graph_timed;
   /* With check_first > 0 the checked rounds are the first check_first and
    * one more after the timed ones (on a GPU a check means downloads and
    * host work: only the first rounds and the final state are looked at).
@@ -131,161 +330,56 @@ static void rank_main(run_ctx_t *ctx) {
    * comes from a checked round (mc-bench does). */
   const int tail = o->check && o->check_first > 0 && !timed_graph;
   const int total = o->warmup + (timed_graph ? 0 : o->rounds) + tail;
-  call_in_t last_in = {0};
-  int last_m = 0;
-  for (int i = 0; i < total; i++) {
-    round = (uint64_t)i + 1;
-    a2a = hs[i % nh];
-    const int check = o->check && (o->check_first <= 0 || i < o->check_first || i == total - 1);
-    if (rank == o->stall_rank && i == o->stall_round) {
-      if (o->processes) raise(SIGKILL); /* a rank that dies */
-      goto done;                        /* a rank that goes silent */
-    }
-    /* Inputs: every group's, since the reference needs them all. */
-    for (int g = 0; g < groups; g++) {
-      if (!check && g != rank / G) continue;
-      mc_ref_input_free(&b.ins[g]);
-      if (mc_ref_input(c, round, g, &b.ins[g]) != 0) {
-        mc_rr_fail(me, 0, "rank %d: out of host memory for inputs", rank);
-        goto done;
-      }
-    }
-    const mc_input_t *in = &b.ins[rank / G];
-    call_in_t ci;
-    if (mc_rr_upload_inputs(c, in, &d, &ci) != 0) {
-      mc_rr_fail(me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)round, rank);
-      goto done;
-    }
-    last_in = ci, last_m = in->m;
-    if (check) {
-      mc_dev_fill(gpu, d.x, POISON_X, xbytes);
-      if (d.xs) mc_dev_fill(gpu, d.xs, POISON_X, sbytes);
-      if (!gpu) mc_dev_fill(0, d.y, POISON_OUT, ybytes);
-      mc_dev_fill(gpu, d.out, POISON_OUT, obytes);
-      mc_dev_fill(gpu, d.count, 0xF9, (size_t)L * 4); /* -7ish */
-    }
-    mc_a2a_stats_t before = {.size = sizeof before};
-    if (check) mc_a2a_get_stats(a2a, &before);
-    if (o->inject_bad && mc_rr_inject_bad_calls(c, a2a, in, &ci, &b, &d, rank, round, me)) goto done;
-    mc_dev_sync(gpu);
-    if (o->barrier && mc_rr_oob_barrier(&ctx->oob) != 0) {
-      mc_rr_fail(me, 0, "rank %d: barrier failed", rank);
-      goto done;
-    }
-    /* on a GPU the host barrier leaves launch skew between processes: line
-     * the ranks' streams up on the device as well */
-    if (o->barrier && gpu) API(mc_a2a_barrier(a2a, mc_dev_stream()));
-#define DISPATCH(flags)                                                                                                \
-  mc_dispatch(a2a, ci.tokens, ci.scales, ci.indices, ci.weights, in->m, ci.bound, d.x, d.xs, d.count, flags, mc_dev_stream())
-    /* each phase as one call (MC_SEND_RECV) or as two halves: whole 1 every
-     * round, 2 every other round (tests: both paths, and the switch
-     * between them), 0 never; split always calls the halves */
-    const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
-    mc_dev_mark(gpu, 0);
-    if (one_call) {
-      API(DISPATCH(MC_SEND_RECV));
-    } else {
-      API(DISPATCH(MC_SEND));
-      mc_dev_mark(gpu, 1);
-      if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-      mc_dev_mark(gpu, 2);
-      API(DISPATCH(MC_RECV));
-    }
-    mc_dev_mark(gpu, 3);
-#undef DISPATCH
-    if (check || !gpu) {
-      mc_dev_sync(gpu);
-      API(mc_a2a_check(a2a)); /* a GPU transport's failure shows after the sync */
-      if (gpu && (mc_dev_get(1, b.count, d.count, (size_t)L * 4) || mc_dev_get(1, b.x, d.x, xbytes) ||
-                  (d.xs && mc_dev_get(1, b.xs, d.xs, sbytes)))) {
-        mc_rr_fail(me, 0, "round %llu rank %d: downloading dispatch outputs failed", (unsigned long long)round, rank);
-        goto done;
-      }
-      if (check) mc_rr_check_dispatch(c, &b, rank, round, me);
-      if (mc_rr_experts_roundtrip(c, &b, &d, rank)) {
-        mc_rr_fail(me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)round, rank);
-        goto done;
-      }
-    }
-    mc_dev_mark(gpu, 4);
-    if (one_call) {
-      API(mc_combine(a2a, d.y, d.out, MC_SEND_RECV, mc_dev_stream()));
-    } else {
-      API(mc_combine(a2a, d.y, d.out, MC_SEND, mc_dev_stream()));
-      mc_dev_mark(gpu, 5);
-      if (o->split) mc_dev_busy(gpu, d.scratch, 16u << 20);
-      mc_dev_mark(gpu, 6);
-      API(mc_combine(a2a, d.y, d.out, MC_RECV, mc_dev_stream()));
-    }
-    mc_dev_mark(gpu, 7);
-    mc_dev_sync(gpu);
-    if (i >= o->warmup && i < o->warmup + o->rounds) {
-      int r = i - o->warmup;
-      mc_rr_store_samples(samples, ctx->res->rounds, r, gpu, gpu && one_call);
-    }
-    API(mc_a2a_check(a2a));
-    if (check) {
-      if (gpu && mc_dev_get(1, b.out, d.out, obytes)) {
-        mc_rr_fail(me, 0, "round %llu rank %d: downloading combine output failed", (unsigned long long)round, rank);
-        goto done;
-      }
-      mc_rr_check_combine(c, &b, rank, round, me);
-      mc_a2a_stats_t after = {.size = sizeof after};
-      mc_a2a_get_stats(a2a, &after);
-      uint64_t want = mc_ref_records_sent(c, in, rank),
-               got = after.dispatch_records_sent - before.dispatch_records_sent;
-      me->expected_records += want;
-      if (got != want)
-        mc_rr_fail(me, 0, "round %llu rank %d: sent %llu dispatch records, one per (token, rank) is %llu",
-                   (unsigned long long)round, rank, (unsigned long long)got, (unsigned long long)want);
-    }
-  }
-  if (timed_graph && !me->failed && a2a)
-    mc_rr_time_graph(o, rank, a2a, &d, &last_in, last_m, &ctx->oob, samples, ctx->res->rounds, me);
-  for (int i = 0; o->floor && gpu && !me->failed && i < o->warmup + o->rounds; i++) {
-    mc_dev_sync(gpu); /* as before a round: host barrier, then the ranks' streams lined up */
-    if (mc_rr_oob_barrier(&ctx->oob) != 0) {
-      mc_rr_fail(me, 0, "rank %d: barrier failed", rank);
-      goto done;
-    }
-    API(mc_a2a_barrier(a2a, mc_dev_stream()));
-    mc_dev_mark(gpu, 0);
-    API(mc_a2a_barrier(a2a, mc_dev_stream()));
-    mc_dev_mark(gpu, 1);
-    mc_dev_sync(gpu);
-    if (i >= o->warmup) ctx->res->floor_us[(size_t)rank * ctx->res->rounds + (size_t)(i - o->warmup)] =
-        (float)mc_dev_elapsed_us(gpu, 0, 1);
-  }
-  if (o->dense_bytes && !me->failed) {
-    mc_dev_sync(gpu);
-    mc_result_t drc = mc_comm_bench_dense_alltoall(comm, o->dense_bytes, o->warmup, o->rounds,
-                                                   ctx->res->dense_us + (size_t)rank * ctx->res->rounds);
-    if (rank == 0) ctx->res->dense_rc = drc;
-    if (rank == 0 && drc != MC_SUCCESS) fprintf(stderr, "dense baseline: %s\n", mc_comm_last_error(comm));
-    if (o->extra_baseline) {
-      int xrc = o->extra_baseline(&ctx->oob, o->dense_bytes, o->warmup, o->rounds,
-                                  ctx->res->extra_us + (size_t)rank * ctx->res->rounds);
-      if (rank == 0) ctx->res->extra_rc = xrc;
-    }
-  }
-done:
-  if (me->api_rc == MC_ERR_TIMEOUT && a2a) me->rc_after_timeout = mc_combine(a2a, d.y, d.out, MC_SEND_RECV, mc_dev_stream());
-  if (hs[0]) {
+  call_in_t ci = {0};
+  for (int i = 0; i < total; i++)
+    if (rank_round(st, i, total, &ci) != 0) return -1;
+  const int m = st->b.ins[st->rank / st->c->group_size].m;
+  if (timed_graph && !st->me->failed && st->a2a)
+    mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, st->samples, st->ctx->res->rounds, st->me);
+  if (o->floor && st->gpu && !st->me->failed && rank_floor(st) != 0) return -1;
+  if (o->dense_bytes && !st->me->failed) rank_baselines(st);
+  return 0;
+}
+
+/* What every rank does last, however its work ended. */
+static void rank_teardown(rank_st_t *st) {
+  mc_run_rank_t *me = st->me;
+  const int gpu = st->gpu;
+  if (me->api_rc == MC_ERR_TIMEOUT && st->a2a)
+    me->rc_after_timeout = mc_combine(st->a2a, st->d.y, st->d.out, MC_SEND_RECV, mc_dev_stream());
+  if (st->hs[0]) {
     me->stats.size = sizeof me->stats;
-    mc_a2a_get_stats(hs[0], &me->stats);
+    mc_a2a_get_stats(st->hs[0], &me->stats);
   }
   /* Threads share one address space: nobody unmaps a window while a peer
    * may still write into it. (Processes map separately: no wait needed.)
    * NVSHMEM's free is collective: every live rank must reach it. */
-  if ((!o->processes || (gpu && !me->failed)) && comm) mc_rr_oob_barrier(&ctx->oob);
+  if ((!st->o->processes || (gpu && !me->failed)) && st->comm) mc_rr_oob_barrier(&st->ctx->oob);
   if (!(gpu && me->failed))
-    for (int h = 0; h < nh && h < 64; h++)
-      mc_a2a_destroy(hs[h]);
-  if (comm && !(gpu && me->failed) && mc_comm_destroy(comm) != MC_SUCCESS)
-    mc_rr_fail(me, 0, "rank %d: mc_comm_destroy failed", rank);
-  mc_rr_free_dbufs(&d, &b);
-  mc_rr_free_bufs(&b, groups);
-  me->wall_s = (now_us() - t_start) / 1e6;
+    for (int h = 0; h < st->nh; h++) mc_a2a_destroy(st->hs[h]);
+  if (st->comm && !(gpu && me->failed) && mc_comm_destroy(st->comm) != MC_SUCCESS)
+    mc_rr_fail(me, 0, "rank %d: mc_comm_destroy failed", st->rank);
+  mc_rr_free_dbufs(&st->d, &st->b);
+  mc_rr_free_bufs(&st->b, mc_ref_num_groups(st->c));
+}
+
+static void rank_main(run_ctx_t *ctx) {
+  const double t_start = now_us();
+  const mc_run_opts_t *o = ctx->o;
+  rank_st_t st;
+  memset(&st, 0, sizeof st);
+  st.ctx = ctx;
+  st.c = ctx->c;
+  st.o = o;
+  st.rank = ctx->rank;
+  st.me = &ctx->res->ranks[ctx->rank];
+  st.me->transport = -1; /* until a communicator exists */
+  st.gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
+  st.nh = o->handles > 0 ? (o->handles < 64 ? o->handles : 64) : 1;
+  st.samples = ctx->res->samples_us + (size_t)ctx->rank * MC_PH_COUNT * (size_t)ctx->res->rounds;
+  (void)rank_work(&st);
+  rank_teardown(&st);
+  st.me->wall_s = (now_us() - t_start) / 1e6;
 }
 
 static void *thread_main(void *arg) {
