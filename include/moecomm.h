@@ -4,7 +4,7 @@
  *
  * Model of use (every rank of the job, every MoE layer):
  *
- *   router -> indices[m][k] (int32 global expert ids), weights[m][k] (fp32)
+ *   router -> indices[m][k] (int32 or int64 global expert ids), weights[m][k] (fp32)
  *   mc_dispatch(a2a, tokens, scales, indices, weights, m, ...)
  *       -> expert_x[local_expert][slot][token_bytes], expert_count[local_expert]
  *   the caller's grouped GEMM: expert_x -> expert_y[local_expert][slot][hidden]
@@ -99,6 +99,14 @@ typedef enum mc_dtype {
   MC_DTYPE_BF16 = 1,
   MC_DTYPE_FP16 = 2
 } mc_dtype_t;
+
+/* The integer type of mc_dispatch's indices. int64 is what torch.topk
+ * returns (and what vLLM, SGLang and DeepEP pass): taken as it is, no copy.
+ * Every id is range-checked at its full width before it is narrowed. */
+typedef enum mc_index_dtype {
+  MC_INDEX_INT32 = 0,
+  MC_INDEX_INT64 = 1
+} mc_index_dtype_t;
 
 /* Size in bytes of one element (4, 2, 2); 0 for an unknown value. */
 MC_API size_t mc_dtype_size(mc_dtype_t dtype);
@@ -223,12 +231,13 @@ typedef struct mc_a2a_config {
   int hidden;                 /* combine row length in elements; multiple of 8 */
   mc_dtype_t combine_in_dtype;  /* dtype of expert_y, and of rows on the wire */
   mc_dtype_t combine_out_dtype; /* dtype of out */
+  mc_index_dtype_t index_dtype; /* dtype of mc_dispatch's indices (default int32) */
 } mc_a2a_config_t;
 
 #define MC_MAX_TOPK 16
 
 #define MC_A2A_CONFIG_INITIALIZER \
-  { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16 }
+  { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16, MC_INDEX_INT32 }
 
 /* Collective over the communicator: every rank passes the same config (a
  * rank that differs makes every rank fail, naming the field and both
@@ -271,7 +280,8 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  * Send half (flags & MC_SEND) reads:
  *   tokens   [m][token_bytes]          16-byte aligned
  *   scales   [m][scale_bytes]          4-byte aligned; NULL iff scale_bytes == 0
- *   indices  [m][experts_per_token]    int32 global expert ids, distinct per token
+ *   indices  [m][experts_per_token]    global expert ids, distinct per token; int32
+ *                                      or int64 (config->index_dtype), aligned to it
  *   weights  [m][experts_per_token]    fp32 router weights; NULL means all 1.0.
  *                                      They travel with the token so that combine
  *                                      can reduce a token's experts where they live.
@@ -301,7 +311,7 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  * (out of order), MC_ERR_TIMEOUT (a peer's tokens did not arrive; the handle is
  * then aborted), MC_ERR_ABORTED (an earlier failure). */
 MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales,
-                               const int32_t *indices, const float *weights, int m,
+                               const void *indices, const float *weights, int m,
                                const int32_t *bound_m, void *expert_x, void *expert_scale,
                                int32_t *expert_count, unsigned int flags, void *stream);
 

@@ -114,6 +114,7 @@ int test_a2a_config_rules(void) {
   BAD(c.hidden = 12, "hidden=12");
   BAD(c.combine_in_dtype = (mc_dtype_t)5, "combine_in_dtype=5");
   BAD(c.combine_out_dtype = (mc_dtype_t)5, "combine_out_dtype=5");
+  BAD(c.index_dtype = (mc_index_dtype_t)2, "index_dtype=2");
   BAD(c.size = 4, "MC_A2A_CONFIG_INITIALIZER");
 #undef BAD
   MC_CHECK_RC(mc_a2a_create(s.comm, NULL, &a2a), MC_ERR_INVALID_ARG);
@@ -129,6 +130,18 @@ int test_a2a_config_rules(void) {
   MC_CHECK(st.buffer_bytes > 0 && st.rounds == 0);
   MC_CHECK_OK(mc_a2a_destroy(a2a));
   MC_CHECK_OK(mc_a2a_destroy(NULL));
+  /* int64 ids must be 8-byte aligned: 4 is refused, naming the pointer */
+  c = good;
+  c.index_dtype = MC_INDEX_INT64;
+  MC_CHECK_OK(mc_a2a_create(s.comm, &c, &a2a));
+  _Alignas(16) unsigned char tok[2 * 64], sc[2 * 8], x[8 * 8 * 64], xs[8 * 8 * 8];
+  _Alignas(16) int64_t ids[2 * 2 + 1] = {0, 1, 2, 3, 4};
+  int32_t cnt[8];
+  MC_CHECK_RC(mc_dispatch(a2a, tok, sc, (const char *)ids + 4, NULL, 2, NULL, x, xs, cnt, MC_SEND_RECV, NULL),
+              MC_ERR_INVALID_ARG);
+  MC_CHECK_MSG(strstr(mc_a2a_last_error(a2a), "indices=") && strstr(mc_a2a_last_error(a2a), "8-byte aligned"), "%s",
+               mc_a2a_last_error(a2a));
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
   solo_close(&s);
   return 0;
 }

@@ -290,6 +290,26 @@ int test_gpu_bad_input(void) {
   return 0;
 }
 
+/* int64 top-k ids read in place by the prep: good rounds against the
+ * reference, and refusals where an id is past 2^32 (the device must check
+ * the full width before narrowing), at the DeepSeek-V3 shape too. */
+int test_gpu_int64_ids(void) {
+  REQUIRE_GPU();
+  mc_case_t c;
+  small_case(&c, 2, 1, 6);
+  c.use_bound_m = 1;
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.rounds = 3;
+  o.ids64 = 1;
+  o.inject_bad = 1;
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  c.seed = mc_test_seed;
+  o.inject_bad = 0;
+  MC_CHECK(run_gpu(&c, &o) == 0);
+  return 0;
+}
+
 int test_gpu_stall(void) {
   REQUIRE_GPU();
   return mc_test_check_stall(gpu_transport(), 1, 500, cap_world(4)); /* a killed process; timeouts found on the device */

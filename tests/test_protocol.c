@@ -232,6 +232,31 @@ int test_processes(void) {
   return 0;
 }
 
+/* int64 top-k ids (as torch.topk returns them), read in place: random
+ * shapes and groups, bound_m, bad calls (an id of 2^32 plus a valid one
+ * included: narrowing would take it for the valid one), threads and
+ * processes. */
+int test_int64_ids(void) {
+  for (int i = 0; i < 4; i++) {
+    mc_case_t c;
+    mc_ref_random_case(case_seed(300 + i), &c);
+    if (c.world_size > 6) {
+      c.world_size = 6;
+      c.group_size = i % 2 ? 2 : 1;
+      c.num_experts = 24;
+      if (c.topk > 4) c.topk = 4;
+    }
+    c.use_bound_m = 1;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    o.ids64 = 1;
+    o.inject_bad = 1;
+    o.processes = i == 3;
+    MC_CHECK(run_case(&c, &o) == 0);
+  }
+  return 0;
+}
+
 int test_bad_calls_change_nothing(void) {
   for (int i = 0; i < 6; i++) {
     mc_case_t c;

@@ -14,8 +14,10 @@ from .errors import invalid
 
 View = namedtuple("View", "ptr shape itemsize tag")
 
-_NP_TAGS = {"float32": "fp32", "float16": "fp16", "uint16": "bf16", "bfloat16": "bf16", "int32": "int32"}
-_TORCH_TAGS = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.int32": "int32"}
+_NP_TAGS = {"float32": "fp32", "float16": "fp16", "uint16": "bf16", "bfloat16": "bf16", "int32": "int32",
+            "int64": "int64"}
+_TORCH_TAGS = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.int32": "int32",
+               "torch.int64": "int64"}
 
 
 def _is_torch(a):

@@ -15,6 +15,16 @@ _ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "
             "torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 # numpy storage of each dtype (bf16: raw bits in uint16)
 NP_STORAGE = {"fp32": np.float32, "bf16": np.uint16, "fp16": np.float16}
+INDEX_DTYPES = {"int32": _capi.INDEX_INT32, "int64": _capi.INDEX_INT64}
+
+
+def index_dtype_name(d):
+    """"int32" / "int64" from a name, a numpy dtype or a torch dtype."""
+    s = d if isinstance(d, str) else (str(d) if type(d).__module__.startswith("torch") else np.dtype(d).name)
+    s = s[len("torch."):] if s.startswith("torch.") else s
+    if s not in INDEX_DTYPES:
+        raise invalid(f"index_dtype={d!r}: expected int32 or int64")
+    return s
 
 
 def dtype_name(d, name):
@@ -54,16 +64,20 @@ class AllToAll:
     call comm.barrier() and destroy() yourself."""
 
     def __init__(self, comm, *, max_tokens, num_experts, experts_per_token, hidden,
-                 token_bytes=None, scale_bytes=0, combine_in_dtype="bf16", combine_out_dtype="bf16"):
+                 token_bytes=None, scale_bytes=0, combine_in_dtype="bf16", combine_out_dtype="bf16",
+                 index_dtype="int32"):
         self.comm, self._h = comm, None
         self.in_dtype = dtype_name(combine_in_dtype, "combine_in_dtype")
         self.out_dtype = dtype_name(combine_out_dtype, "combine_out_dtype")
+        # int64: torch.topk's ids, read in place (no conversion kernel per call)
+        self.index_dtype = index_dtype_name(index_dtype)
         if token_bytes is None:
             token_bytes = int(hidden) * np.dtype(NP_STORAGE[self.in_dtype]).itemsize
         cfg = _capi.a2a_config()
         cfg.max_tokens, cfg.num_experts, cfg.experts_per_token = int(max_tokens), int(num_experts), int(experts_per_token)
         cfg.token_bytes, cfg.scale_bytes, cfg.hidden = int(token_bytes), int(scale_bytes), int(hidden)
         cfg.combine_in_dtype, cfg.combine_out_dtype = DTYPES[self.in_dtype], DTYPES[self.out_dtype]
+        cfg.index_dtype = INDEX_DTYPES[self.index_dtype]
         self._create(cfg)
 
     def _create(self, cfg):
@@ -170,7 +184,8 @@ class AllToAll:
     def _send_args(self, dp_x, dp_x_scale, indices, weights):
         cfg = self.config
         iv = view(indices, "indices", device=self._dev)
-        need_tag(iv, "indices", "int32")
+        need_tag(iv, "indices", self.index_dtype)
+        need_align(iv, "indices", iv.itemsize)
         if len(iv.shape) != 2 or iv.shape[1] != cfg.experts_per_token:
             raise invalid(f"indices: shape must be (m, {cfg.experts_per_token}), got {tuple(iv.shape)}")
         m = iv.shape[0]
@@ -218,7 +233,8 @@ class AllToAll:
     def dispatch(self, out_expert_num_tokens, out_expert_x, out_expert_x_scale, dp_x, dp_x_scale,
                  indices, bound_m=None, do_send=True, do_recv=True, *, weights=None, stream=None):
         """mc_dispatch. Send half reads dp_x [m][...token_bytes], dp_x_scale,
-        indices int32 [m][k], weights fp32 [m][k] (None: all 1.0; they travel
+        indices [m][k] of the handle's index_dtype (int32, or int64 as
+        torch.topk returns), weights fp32 [m][k] (None: all 1.0; they travel
         with the token and are used by combine), bound_m (None, an int, or a
         one-element int32 array). Recv half writes out_expert_x
         [L][capacity][...], out_expert_x_scale, out_expert_num_tokens int32 [L].

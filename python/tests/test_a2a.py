@@ -104,3 +104,56 @@ def test_rank_leaving_early_does_not_crash_its_peers():
     with pytest.raises(RuntimeError, match="rank 0 leaves"):
         run_threads(2, rank_fn, timeout_ms=300)
     assert "waiting for rank 0" in outcome["text"]
+
+
+@pytest.mark.parametrize("ws,gs", [(2, 1), (4, 2)])
+def test_int64_indices_match_reference(rng, ws, gs):
+    """index_dtype="int64": the ids as torch.topk returns them, read in place."""
+    E, rounds = 2 * ws, 2
+    groups_per_round = [[make_group_inputs(rng, MAX_TOKENS, E, K, HIDDEN, 2, True) for _ in range(ws // gs)]
+                        for _ in range(rounds)]
+
+    def rank_fn(rank, comm):
+        with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=E, experts_per_token=K, hidden=HIDDEN,
+                              token_bytes=HIDDEN * 4, scale_bytes=8, combine_in_dtype="fp32",
+                              combine_out_dtype="fp32", index_dtype="int64") as a2a:
+            bufs = _bufs(a2a, 2)
+            got = []
+            for groups in groups_per_round:
+                inp = dict(groups[rank // gs], idx=groups[rank // gs]["idx"].astype(np.int64))
+                got.append(one_round(a2a, rank, inp, bufs))
+        return got, a2a.num_local_experts
+
+    for rank, (got, L) in enumerate(run_threads(ws, rank_fn, group_size=gs)):
+        for groups, g in zip(groups_per_round, got):
+            check_rank(groups, rank, gs, L, g, "fp32", "fp32")
+
+
+def test_index_dtype_checked(rng):
+    """A handle's ids must come in its dtype; an int64 id past 2^32 is refused,
+    never narrowed into a valid one."""
+    inp = make_group_inputs(rng, MAX_TOKENS, 4, 2, HIDDEN, 0, False)
+
+    def rank_fn(rank, comm):
+        with pytest.raises(moecomm.MoecommInvalid, match="index_dtype"):
+            moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=4, experts_per_token=2, hidden=HIDDEN,
+                             index_dtype="int16")
+        msgs = []
+        for dt in ("int32", "int64"):
+            with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=4, experts_per_token=2, hidden=HIDDEN,
+                                  token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32",
+                                  index_dtype=dt) as a2a:
+                cnt, ex, _, _, _ = _bufs(a2a, 0)
+                other = inp["idx"].astype(np.int64 if dt == "int32" else np.int32)
+                with pytest.raises(moecomm.MoecommInvalid, match=f"indices: dtype must be {dt}"):
+                    a2a.dispatch(cnt, ex, None, inp["x"], None, other)
+                if dt == "int64":
+                    wide = inp["idx"].astype(np.int64)
+                    wide[0, 1] += 1 << 32
+                    with pytest.raises(moecomm.MoecommInvalid) as e:
+                        a2a.dispatch(cnt, ex, None, inp["x"], None, wide)
+                    msgs.append((str(e.value), int(wide[0, 1])))
+        return msgs
+
+    (msg, value), = run_threads(1, rank_fn)[0]
+    assert "is not an expert id" in msg and f"={value} " in msg, msg

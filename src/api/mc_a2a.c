@@ -7,6 +7,7 @@
 
 #include "mc_handles.h"
 #include "mc_internal.h"
+#include "mc_route.h"
 
 /* Every call on a handle first: NULL, or a handle this process does not
  * hold (destroyed already), is refused with the reason in this thread's
@@ -62,6 +63,9 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   if (!dtype_ok(c->combine_out_dtype))
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->combine_out_dtype=%d is not an mc_dtype_t",
                    (int)c->combine_out_dtype);
+  if (c->index_dtype != MC_INDEX_INT32 && c->index_dtype != MC_INDEX_INT64)
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->index_dtype=%d is not an mc_index_dtype_t (int32 0, int64 1)",
+                   (int)c->index_dtype);
   return MC_SUCCESS;
 }
 
@@ -80,6 +84,7 @@ static mc_result_t config_mismatch(mc_comm_t *comm, int r, const mc_a2a_config_t
   DIFF(hidden, "%d", int)
   DIFF(combine_in_dtype, "%d", int)
   DIFF(combine_out_dtype, "%d", int)
+  DIFF(index_dtype, "%d", int)
   DIFF(version, "%u", unsigned)
 #undef DIFF
   return mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_a2a_create: rank %d passed a different config than rank %d", r,
@@ -126,6 +131,7 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   mine.hidden = config->hidden;
   mine.combine_in_dtype = config->combine_in_dtype;
   mine.combine_out_dtype = config->combine_out_dtype;
+  mine.index_dtype = config->index_dtype;
   if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
@@ -252,7 +258,7 @@ mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream) {
   return after(a2a, rc);
 }
 
-mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const int32_t *indices,
+mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const void *indices,
                         const float *weights, int m, const int32_t *bound_m, void *expert_x,
                         void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {
   NEED_LIVE_A2A(a2a, "mc_dispatch");
@@ -268,7 +274,7 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
     int rows = m > 0;
     if ((rc = check_ptr(a2a, call, "tokens", tokens, rows, 16)) ||
         (rc = check_ptr(a2a, call, "scales", scales, rows && has_scales, 4)) ||
-        (rc = check_ptr(a2a, call, "indices", indices, rows, 4)) ||
+        (rc = check_ptr(a2a, call, "indices", indices, rows, mc_index_size(c->index_dtype == MC_INDEX_INT64))) ||
         (rc = check_ptr(a2a, call, "weights", weights, 0, 4)) ||
         (rc = check_ptr(a2a, call, "bound_m", bound_m, 0, 4)))
       return rc;

@@ -31,7 +31,7 @@ typedef enum mc_phase {
 /* Arguments of one dispatch half, as the caller gave them. */
 typedef struct mc_dispatch_args {
   const void *tokens, *scales;
-  const int32_t *indices;
+  const void *indices; /* int32 or int64: a2a->cfg.index_dtype (mc_route.h reads either) */
   const float *weights;
   int m;
   const int32_t *bound_m;

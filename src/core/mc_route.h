@@ -8,22 +8,6 @@
 
 enum { MC_ROUTE_OK = 0, MC_ROUTE_OUT_OF_RANGE = 1, MC_ROUTE_DUPLICATE = 2 };
 
-/* Validate one token's top-k expert ids. *bad_k gets the offending position. */
-MC_HD int mc_route_check(const int32_t *idx, int topk, int num_experts, int *bad_k) {
-  for (int k = 0; k < topk; k++) {
-    if (idx[k] < 0 || idx[k] >= num_experts) {
-      *bad_k = k;
-      return MC_ROUTE_OUT_OF_RANGE;
-    }
-    for (int j = 0; j < k; j++)
-      if (idx[j] == idx[k]) {
-        *bad_k = k;
-        return MC_ROUTE_DUPLICATE;
-      }
-  }
-  return MC_ROUTE_OK;
-}
-
 /* The distinct ranks holding a valid token's experts, ascending, into
  * dests[<= topk]; returns how many. */
 MC_HD int mc_route_dests(const int32_t *idx, int topk, int num_local, uint16_t *dests) {
@@ -42,6 +26,34 @@ MC_HD int mc_route_dests(const int32_t *idx, int topk, int num_local, uint16_t *
     n++;
   }
   return n;
+}
+
+/* Bytes of one id of mc_dispatch's indices: ids64 says int64 (else int32). */
+MC_HD size_t mc_index_size(int ids64) { return ids64 ? 8 : 4; }
+
+/* Token t's top-k ids, read at their full width, checked and narrowed into
+ * idx: MC_ROUTE_OK, or the first problem, *bad_k its position and *bad_value
+ * the id as given. The range is checked before narrowing, so an int64 id of
+ * 2^32 + 5 is refused, never taken for expert 5. */
+MC_HD int mc_route_load(const void *indices, int ids64, int64_t t, int topk, int num_experts, int32_t *idx,
+                        int *bad_k, int64_t *bad_value) {
+  for (int k = 0; k < topk; k++) {
+    const int64_t i = t * topk + k;
+    const int64_t v = ids64 ? ((const int64_t *)indices)[i] : (int64_t)((const int32_t *)indices)[i];
+    if (v < 0 || v >= num_experts) {
+      *bad_k = k;
+      *bad_value = v;
+      return MC_ROUTE_OUT_OF_RANGE;
+    }
+    idx[k] = (int32_t)v;
+    for (int j = 0; j < k; j++)
+      if (idx[j] == idx[k]) {
+        *bad_k = k;
+        *bad_value = v;
+        return MC_ROUTE_DUPLICATE;
+      }
+  }
+  return MC_ROUTE_OK;
 }
 
 /* The order of a token's top-k by ascending expert id (combine sums a rank's

@@ -28,21 +28,31 @@
 #include "mc_cpu.h"
 #include "mc_route.h"
 
+static int ids64(const mc_a2a_t *a2a) { return a2a->cfg.index_dtype == MC_INDEX_INT64; }
+
+/* Token t's ids as int32 (the round was checked: they are valid). */
+static void load_ids(const mc_a2a_t *a2a, const mc_dispatch_args_t *args, int t, int32_t *idx) {
+  int bad_k;
+  int64_t bad_v;
+  (void)mc_route_load(args->indices, ids64(a2a), t, a2a->shape.topk, a2a->shape.num_experts, idx, &bad_k, &bad_v);
+}
+
 static mc_result_t check_routing(mc_a2a_t *a2a, const mc_dispatch_args_t *args, int m_eff) {
   const mc_shape_t *s = &a2a->shape;
   for (int t = 0; t < m_eff; t++) {
     int bad = 0;
-    const int32_t *idx = args->indices + (int64_t)t * s->topk;
-    int why = mc_route_check(idx, s->topk, s->num_experts, &bad);
+    int64_t v = 0;
+    int32_t idx[MC_MAX_TOPK];
+    int why = mc_route_load(args->indices, ids64(a2a), t, s->topk, s->num_experts, idx, &bad, &v);
     if (why == MC_ROUTE_OUT_OF_RANGE)
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                     "mc_dispatch: indices[%d][%d]=%d is not an expert id in 0..%d", t, bad, idx[bad],
+                     "mc_dispatch: indices[%d][%d]=%lld is not an expert id in 0..%d", t, bad, (long long)v,
                      s->num_experts - 1);
     if (why == MC_ROUTE_DUPLICATE)
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                     "mc_dispatch: indices[%d] names expert %d twice (position %d); a token's top-k "
+                     "mc_dispatch: indices[%d] names expert %lld twice (position %d); a token's top-k "
                      "experts must be distinct",
-                     t, idx[bad], bad);
+                     t, (long long)v, bad);
   }
   return MC_SUCCESS;
 }
@@ -54,9 +64,9 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   return h;
 }
-static uint64_t group_digest(const mc_dispatch_args_t *args, int m_eff, int K) {
+static uint64_t group_digest(const mc_dispatch_args_t *args, int m_eff, int K, int wide) {
   uint64_t h = fnv1a(1469598103934665603ull, &m_eff, sizeof m_eff);
-  h = fnv1a(h, args->indices, sizeof(int32_t) * (size_t)m_eff * (size_t)K);
+  h = fnv1a(h, args->indices, mc_index_size(wide) * (size_t)m_eff * (size_t)K);
   return args->weights ? fnv1a(h, args->weights, sizeof(float) * (size_t)m_eff * (size_t)K) : fnv1a(h, "1", 1);
 }
 
@@ -83,7 +93,9 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   /* Every member of the group learns every token's destinations: each of them
    * receives every combined row. */
   for (int t = 0; t < m_eff; t++) {
-    n_dests[t] = (uint16_t)mc_route_dests(args->indices + (int64_t)t * K, K, L, dests + (int64_t)t * K);
+    int32_t idx[MC_MAX_TOPK];
+    load_ids(a2a, args, t, idx);
+    n_dests[t] = (uint16_t)mc_route_dests(idx, K, L, dests + (int64_t)t * K);
     for (int j = 0; j < n_dests[t]; j++) expect[dests[(int64_t)t * K + j]]++;
   }
 
@@ -96,7 +108,8 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   for (int t = begin; t < end; t++) {
     unsigned char *rec = win + mc_disp_send_off(s, t - begin);
     mc_record_header_t *h = (mc_record_header_t *)rec;
-    const int32_t *idx = args->indices + (int64_t)t * K;
+    int32_t idx[MC_MAX_TOPK];
+    load_ids(a2a, args, t, idx);
     int order[MC_MAX_TOPK];
     mc_route_sorted(idx, K, order);
     h->token = t;
@@ -118,7 +131,7 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   }
   /* Meta to every rank, so every receiver knows this round's count from us,
    * zero included, and can compare our inputs' digest with our group's. */
-  const uint64_t digest = s->group_size > 1 ? group_digest(args, m_eff, K) : 0;
+  const uint64_t digest = s->group_size > 1 ? group_digest(args, m_eff, K, ids64(a2a)) : 0;
   for (int d = 0; d < W; d++) {
     uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
     meta[0] = nrec[d];

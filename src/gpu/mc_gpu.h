@@ -22,7 +22,7 @@ typedef struct mc_dev_error {
   int32_t code;  /* MC_DEVERR_*; 0 while nothing failed (written last) */
   int32_t phase; /* MC_PHASE_* */
   int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
-  int32_t token, k, value;  /* bad input: indices[token][k] = value, or *bound_m = value */
+  int32_t token, k, value;  /* bad input: indices[token][k] (its full value in seen), or *bound_m = value */
   uint64_t expected, seen;
   uint64_t round;
   int32_t claimed; /* 0 -> 1 by the first failing thread */
@@ -37,9 +37,10 @@ typedef struct mc_kargs {
   unsigned char *win;
   unsigned char *ws;
   const void *tokens, *scales;
-  const int32_t *indices;
+  const void *indices; /* int32, or int64 where ids64 */
   const float *weights;
   int m;
+  int ids64;
   const int32_t *bound_m;
   void *expert_x, *expert_scale;
   int32_t *expert_count;

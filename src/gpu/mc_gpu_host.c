@@ -176,9 +176,9 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   }
   if (code == MC_DEVERR_BAD_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                 "mc_dispatch (checked on the device): indices[%d][%d]=%d is not an expert id in 0..%d; "
+                 "mc_dispatch (checked on the device): indices[%d][%d]=%lld is not an expert id in 0..%d; "
                  "the round was not sent",
-                 e->token, e->k, e->value, a2a->shape.num_experts - 1);
+                 e->token, e->k, (long long)(int64_t)e->seen, a2a->shape.num_experts - 1);
   else if (code == MC_DEVERR_DUP_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): indices[%d] names expert %d twice (position %d); "
@@ -228,6 +228,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
     ka->tokens = d->tokens;
     ka->scales = d->scales;
     ka->indices = d->indices;
+    ka->ids64 = a2a->cfg.index_dtype == MC_INDEX_INT64;
     ka->weights = d->weights;
     ka->m = d->m;
     ka->bound_m = d->bound_m;

@@ -173,14 +173,21 @@ typedef struct mc_prep_tok {
 MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const int t, const uint64_t round,
                          mc_prep_tok_t &tk) {
   const int E = a.s.num_experts;
+  uint32_t wide_bad = 0; /* bit k: id k is outside 0..E-1 at its full width (int64: before narrowing) */
 #pragma unroll
   for (int k = 0; k < MC_MAX_TOPK; k++)
-    if (k < K) tk.idx[k] = a.indices[(int64_t)t * K + k], tk.wt[k] = a.weights ? a.weights[(int64_t)t * K + k] : 1.0f;
-  int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_check reports it */
+    if (k < K) {
+      const int64_t i = (int64_t)t * K + k;
+      const int64_t v = a.ids64 ? ((const int64_t *)a.indices)[i] : (int64_t)((const int32_t *)a.indices)[i];
+      wide_bad |= (uint32_t)(v < 0 || v >= E) << k;
+      tk.idx[k] = (int32_t)v;
+      tk.wt[k] = a.weights ? a.weights[i] : 1.0f;
+    }
+  int bad_k = -1, why = MC_ROUTE_OK; /* the first bad k, as mc_route_load reports it */
 #pragma unroll
   for (int k = 0; k < MC_MAX_TOPK; k++) {
     if (k >= K || bad_k >= 0) continue;
-    if (tk.idx[k] < 0 || tk.idx[k] >= E) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
+    if (wide_bad >> k & 1u) bad_k = k, why = MC_ROUTE_OUT_OF_RANGE;
 #pragma unroll
     for (int j = 0; j < k; j++)
       if (bad_k < 0 && tk.idx[j] == tk.idx[k]) bad_k = k, why = MC_ROUTE_DUPLICATE;
@@ -190,9 +197,12 @@ MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const
 #pragma unroll
     for (int k = 0; k < MC_MAX_TOPK; k++)
       if (k == bad_k) v = tk.idx[k];
+    /* the full id of an out-of-range one, read again (this path only) */
+    const int64_t i = (int64_t)t * K + bad_k;
+    const int64_t wide = a.ids64 ? ((const int64_t *)a.indices)[i] : (int64_t)((const int32_t *)a.indices)[i];
     if (!one || blockIdx.x == 0) /* one launch: every block finds it; one records it */
       mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
-                  a.rank, -1, -1, t, bad_k, v, 0, 0, round);
+                  a.rank, -1, -1, t, bad_k, v, 0, (uint64_t)wide, round);
   }
   return bad_k < 0;
 }

@@ -52,6 +52,8 @@ void mc_rr_run_experts(const mc_case_t *c, bufs_t *b, int rank) {
 }
 
 void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b) {
+  free(d->wide);
+  d->wide = NULL;
   if (!d->gpu) return; /* aliases of the host buffers */
   void *all[] = {d->tokens, d->scales, d->indices, d->weights, d->bound,  d->x,
                  d->xs,     d->count,  d->y,       d->out,     d->scratch};
@@ -60,18 +62,20 @@ void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b) {
   (void)b;
 }
 
-int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, bufs_t *b, dbufs_t *d) {
+int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t *d) {
   size_t L = (size_t)mc_ref_local_experts(c), cap = (size_t)mc_ref_capacity(c), M = (size_t)c->max_tokens;
   size_t H = (size_t)c->hidden, K = (size_t)c->topk;
   memset(d, 0, sizeof *d);
   d->gpu = gpu;
+  d->ids64 = ids64;
+  if (ids64 && !(d->wide = malloc(M * K * sizeof(int64_t)))) return -1;
   if (!gpu) { /* the library reads and writes the host buffers directly */
     d->x = b->x, d->xs = b->xs, d->count = b->count, d->y = b->y, d->out = b->out;
     return 0;
   }
   d->tokens = mc_dev_alloc(1, M * c->token_bytes);
   d->scales = c->scale_bytes ? mc_dev_alloc(1, M * c->scale_bytes) : NULL;
-  d->indices = mc_dev_alloc(1, M * K * 4);
+  d->indices = mc_dev_alloc(1, M * K * (ids64 ? 8 : 4));
   d->weights = mc_dev_alloc(1, M * K * 4);
   d->bound = mc_dev_alloc(1, 4);
   d->x = mc_dev_alloc(1, L * cap * c->token_bytes);
@@ -87,14 +91,17 @@ int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, bufs_t *b, dbufs_t *d) {
 }
 
 int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, call_in_t *ci) {
+  size_t m = (size_t)in->m, K = (size_t)c->topk;
+  /* int64 ids: the same values widened, as torch.topk hands them over */
+  for (size_t i = 0; d->ids64 && i < m * K; i++) d->wide[i] = in->indices[i];
+  const void *ids = d->ids64 ? (const void *)d->wide : (const void *)in->indices;
   if (!d->gpu) {
-    *ci = (call_in_t){in->tokens, in->scales, in->indices, in->weights, in->has_bound ? &in->bound_m : NULL};
+    *ci = (call_in_t){in->tokens, in->scales, ids, in->weights, in->has_bound ? &in->bound_m : NULL};
     return 0;
   }
-  size_t m = (size_t)in->m, K = (size_t)c->topk;
   int bad = mc_dev_put(1, d->tokens, in->tokens, m * c->token_bytes);
   if (c->scale_bytes) bad |= mc_dev_put(1, d->scales, in->scales, m * c->scale_bytes);
-  bad |= mc_dev_put(1, d->indices, in->indices, m * K * 4);
+  bad |= mc_dev_put(1, d->indices, ids, m * K * (d->ids64 ? 8 : 4));
   if (in->weights) bad |= mc_dev_put(1, d->weights, in->weights, m * K * 4);
   if (in->has_bound) bad |= mc_dev_put(1, d->bound, &in->bound_m, 4);
   *ci = (call_in_t){d->tokens, d->scales, d->indices, in->weights ? d->weights : NULL, in->has_bound ? d->bound : NULL};

@@ -160,33 +160,43 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
           expect_fail(me, a2a, rank, round, "NULL scales", D(ci->tokens, NULL, ci->indices, in->m, ci->bound, MC_SEND),
                       MC_ERR_INVALID_ARG, "scales is NULL");
   }
-  /* values read where the data lives: host (cpu) or device (GPU) */
+  /* values read where the data lives: host (cpu) or device (GPU); ids at
+   * the width the handle takes (idx is edited, wide its int64 copy) */
   int32_t over = in->m + 1;
-  size_t n = (size_t)in->m * K;
+  size_t n = (size_t)in->m * K, w = d->ids64 ? 8 : 4;
   int32_t *idx = malloc((n ? n : 1) * sizeof *idx);
-  void *bad_idx = d->gpu ? mc_dev_alloc(1, (n ? n : 1) * 4) : idx, *bad_bound = d->gpu ? mc_dev_alloc(1, 4) : &over;
-  if (!idx || !bad_idx || !bad_bound) return 1;
+  int64_t *wide = d->ids64 ? malloc((n ? n : 1) * sizeof *wide) : NULL;
+  void *host_idx = d->ids64 ? (void *)wide : (void *)idx;
+  void *bad_idx = d->gpu ? mc_dev_alloc(1, (n ? n : 1) * w) : host_idx;
+  void *bad_bound = d->gpu ? mc_dev_alloc(1, 4) : &over;
+  if (!idx || (d->ids64 && !wide) || !bad_idx || !bad_bound) return 1;
   if (d->gpu) mc_dev_put(1, bad_bound, &over, 4);
   typedef struct {
     const char *what, *needle;
-    const int32_t *indices, *bound;
+    const void *indices;
+    const int32_t *bound;
   } bad_case_t;
-  bad_case_t cases[4];
+  bad_case_t cases[5];
   int nc = 0;
+  const size_t last = in->bound_m > 0 ? (size_t)(in->bound_m - 1) * K : 0;
   if (in->m > 0) cases[nc++] = (bad_case_t){"bound_m > m", "bound_m", ci->indices, bad_bound};
   if (in->bound_m > 0) {
     /* a bad expert id in the last valid row: earlier rows are fine, so a
      * transport that sent as it checked would already have sent them */
     memcpy(idx, in->indices, n * sizeof *idx);
-    size_t last = (size_t)(in->bound_m - 1) * K;
-    idx[last + K - 1] = c->num_experts;
     cases[nc++] = (bad_case_t){"expert out of range", "is not an expert id", bad_idx, ci->bound};
     if (K >= 2) cases[nc++] = (bad_case_t){"duplicate expert", "twice", bad_idx, ci->bound};
+    /* int64: a valid id plus 2^32, which narrowing would take for the valid one */
+    if (d->ids64) cases[nc++] = (bad_case_t){"int64 id past 2^32", "is not an expert id", bad_idx, ci->bound};
   }
   for (int i = 0; i < nc && !bad; i++) {
+    if (strcmp(cases[i].what, "expert out of range") == 0) idx[last + K - 1] = c->num_experts;
     if (strcmp(cases[i].what, "duplicate expert") == 0) /* the last id repeats the row's first */
-      idx[(size_t)(in->bound_m - 1) * K + K - 1] = idx[(size_t)(in->bound_m - 1) * K];
-    if (d->gpu && cases[i].indices == bad_idx) mc_dev_put(1, bad_idx, idx, n * 4);
+      idx[last + K - 1] = idx[last];
+    if (strcmp(cases[i].what, "int64 id past 2^32") == 0) idx[last + K - 1] = in->indices[last + K - 1];
+    for (size_t j = 0; d->ids64 && j < n; j++) wide[j] = idx[j];
+    if (strcmp(cases[i].what, "int64 id past 2^32") == 0) wide[last + K - 1] += (int64_t)1 << 32;
+    if (d->gpu && cases[i].indices == bad_idx) mc_dev_put(1, bad_idx, host_idx, n * w);
     mc_result_t rc = D(ci->tokens, ci->scales, cases[i].indices, in->m, cases[i].bound, MC_SEND);
     if (d->gpu && rc == MC_SUCCESS) { /* refused on the device: learnt after a sync */
       mc_dev_sync(1);
@@ -196,6 +206,7 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
   }
   if (d->gpu) mc_dev_free(1, bad_idx), mc_dev_free(1, bad_bound), mc_dev_free(1, inv_buf);
   free(idx);
+  free(wide);
   free(inv);
 #undef D
   return bad;

@@ -24,6 +24,8 @@ typedef struct bufs {
  * for a GPU transport. */
 typedef struct dbufs {
   int gpu;
+  int ids64;     /* the handle takes int64 ids: wide holds this round's as int64 (host) */
+  int64_t *wide; /* [max_tokens][topk] */
   void *tokens, *scales, *indices, *weights, *bound, *x, *xs, *count, *y, *out, *scratch;
 } dbufs_t;
 
@@ -31,7 +33,7 @@ typedef struct dbufs {
  * pointers to pass (host inputs themselves on the cpu transport). */
 typedef struct call_in {
   const void *tokens, *scales;
-  const int32_t *indices;
+  const void *indices; /* int32, or int64 where the handle takes them */
   const float *weights;
   const int32_t *bound;
 } call_in_t;
@@ -42,7 +44,7 @@ void mc_rr_fail(mc_run_rank_t *me, int api_rc, const char *fmt, ...) __attribute
 /* mc_ref_bufs.c: a rank's memory */
 int mc_rr_alloc_bufs(const mc_case_t *c, bufs_t *b);
 void mc_rr_free_bufs(bufs_t *b, int groups);
-int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, bufs_t *b, dbufs_t *d);
+int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t *d);
 void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b);
 int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, call_in_t *ci);
 void mc_rr_run_experts(const mc_case_t *c, bufs_t *b, int rank);

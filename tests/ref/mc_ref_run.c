@@ -94,7 +94,7 @@ static int rank_setup(rank_st_t *st) {
     mc_rr_fail(st->me, 0, "rank %d: no CUDA device for a GPU transport", st->rank);
     return -1;
   }
-  if (mc_rr_alloc_bufs(c, &st->b) != 0 || mc_rr_alloc_dbufs(c, st->gpu, &st->b, &st->d) != 0) {
+  if (mc_rr_alloc_bufs(c, &st->b) != 0 || mc_rr_alloc_dbufs(c, st->gpu, o->ids64, &st->b, &st->d) != 0) {
     mc_rr_fail(st->me, 0, "rank %d: out of memory for the test buffers", st->rank);
     return -1;
   }
@@ -114,6 +114,7 @@ static int rank_setup(rank_st_t *st) {
   ac.hidden = c->hidden;
   ac.combine_in_dtype = c->in_dtype;
   ac.combine_out_dtype = c->out_dtype;
+  ac.index_dtype = o->ids64 ? MC_INDEX_INT64 : MC_INDEX_INT32;
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
   st->xbytes = (size_t)L * cap * c->token_bytes;

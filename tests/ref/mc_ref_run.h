@@ -41,9 +41,10 @@ typedef struct mc_run_opts {
   int floor;          /* GPU timing: after the rounds, `rounds` timings of mc_a2a_barrier alone, a mark on
                          each side, after the same host and device alignment as a round: what a half that
                          waits on every peer costs here with no bytes and no work (floor_us) */
+  int ids64;          /* 1: the handles take int64 top-k ids (MC_INDEX_INT64), the inputs widened */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
