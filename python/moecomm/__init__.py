@@ -5,6 +5,7 @@ from .a2a import AllToAll
 from .bootstrap import PyAllgather, SocketGroup, ThreadsGroup, torch_allgather, unique_id
 from .comm import Communicator
 from .errors import MoecommError, MoecommInvalid, MoecommTimeout, last_error, result_string
+from .layer import MoELayer
 
 SEND, RECV, SEND_RECV = capi.SEND, capi.RECV, capi.SEND_RECV
 __version__ = "0.1.0"
@@ -22,6 +23,6 @@ def dtype_size(dtype):
     return capi.lib.mc_dtype_size(DTYPES[dtype_name(dtype, "dtype")])
 
 
-__all__ = ["AllToAll", "Communicator", "ThreadsGroup", "SocketGroup", "PyAllgather", "unique_id",
+__all__ = ["AllToAll", "MoELayer", "Communicator", "ThreadsGroup", "SocketGroup", "PyAllgather", "unique_id",
            "torch_allgather", "MoecommError", "MoecommInvalid", "MoecommTimeout", "result_string",
            "last_error", "empty_aligned", "version", "dtype_size", "capi", "SEND", "RECV", "SEND_RECV"]

@@ -1,0 +1,81 @@
+"""MoELayer: one MoE layer's token exchange around the caller's experts, in
+torch: router top-k in, combined output out.
+
+    layer = moecomm.MoELayer(comm, max_tokens=128, num_experts=256, experts_per_token=8, hidden=7168)
+    out = layer(x, topk_ids, topk_weights, experts)   # out[m][hidden]
+
+`experts(expert_x, expert_count, expert_x_scale)` is the caller's grouped
+computation on the batched layout: expert_x [L][capacity][hidden] (slots
+past expert_count[l] hold stale data and may be computed on or not),
+expert_count int32 [L]; it returns expert_y [L][capacity][hidden] in the
+layer's y_dtype. Every buffer is allocated once, at construction, on the
+communicator's device (CPU tensors on the cpu transport), and a call does
+no host synchronisation: a call can be captured in a CUDA graph and
+replayed (pass a one-element int32 `bound_m` tensor for a batch that varies
+between replays). topk_ids are taken as torch.topk returns them (int64) with
+no conversion; index_dtype=torch.int32 takes int32 instead.
+"""
+from .a2a import AllToAll
+
+_FLOAT_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+class MoELayer:
+    def __init__(self, comm, *, max_tokens, num_experts, experts_per_token, hidden, dtype=None, y_dtype=None,
+                 out_dtype=None, scale_cols=0, index_dtype=None):
+        """dtype: the tokens' dtype (bf16 by default; a float8 dtype with
+        scale_cols fp32 scales per token, e.g. hidden / 128, for block-scaled
+        fp8). y_dtype: the experts' output dtype, also the dtype of rows on
+        the wire back (bf16, fp16 or fp32; default: dtype when it is one of
+        those, else bf16). out_dtype: the combined output's (default y_dtype)."""
+        import torch
+        self._torch = torch
+        dtype = torch.bfloat16 if dtype is None else dtype
+        if y_dtype is None:
+            y_dtype = dtype if str(dtype) in _FLOAT_NAMES else torch.bfloat16
+        out_dtype = y_dtype if out_dtype is None else out_dtype
+        index_dtype = torch.int64 if index_dtype is None else index_dtype
+        self.dtype, self.y_dtype, self.out_dtype, self.index_dtype = dtype, y_dtype, out_dtype, index_dtype
+        self.hidden, self.max_tokens, self.scale_cols = int(hidden), int(max_tokens), int(scale_cols)
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.a2a = AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                            experts_per_token=experts_per_token, hidden=hidden, token_bytes=self.hidden * elem,
+                            scale_bytes=4 * self.scale_cols, combine_in_dtype=y_dtype, combine_out_dtype=out_dtype,
+                            index_dtype=index_dtype)
+        try:
+            gpu = comm.transport in ("nvshmem", "p2p")
+            self.device = torch.device(f"cuda:{comm.device}") if gpu else torch.device("cpu")
+            L, cap = self.a2a.num_local_experts, self.a2a.expert_capacity
+            self.num_local_experts, self.expert_capacity = L, cap
+            self.expert_count = torch.zeros(L, dtype=torch.int32, device=self.device)
+            self.expert_x = torch.empty(L, cap, self.hidden, dtype=dtype, device=self.device)
+            self.expert_x_scale = (torch.empty(L, cap, self.scale_cols, dtype=torch.float32, device=self.device)
+                                   if self.scale_cols else None)
+            self.out = torch.empty(self.max_tokens, self.hidden, dtype=out_dtype, device=self.device)
+        except BaseException:
+            self.a2a.destroy()
+            raise
+
+    def __call__(self, x, topk_ids, topk_weights, experts, *, x_scale=None, bound_m=None, stream=None):
+        """x [m][hidden] (m <= max_tokens), x_scale [m][scale_cols] fp32 where
+        the layer has scales, topk_ids [m][k] (index_dtype), topk_weights
+        [m][k] fp32. Returns out[:m] (rows past bound_m, if given, are not
+        written): a view of the layer's output buffer, which the next call
+        overwrites."""
+        a = self.a2a
+        a.dispatch(self.expert_count, self.expert_x, self.expert_x_scale, x, x_scale, topk_ids, bound_m,
+                   weights=topk_weights, stream=stream)
+        y = experts(self.expert_x, self.expert_count, self.expert_x_scale)
+        a.combine(self.out, y, stream=stream)
+        return self.out[: x.shape[0]]
+
+    def destroy(self):
+        """Collective: every rank, after its last call (a barrier, then the
+        handle's buffers go; see AllToAll)."""
+        self.a2a.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.a2a.__exit__(*exc)
