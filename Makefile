@@ -39,7 +39,9 @@ test-tsan:
 test-valgrind: build
 	./scripts/valgrind.sh $(BUILD)
 
-test-python: build
+# The package's wheel (its own CMake build tree, build/pywheel), installed
+# into build/pyenv and tested there; needs no other build.
+test-python:
 	./scripts/test_python.sh
 
 test-install: build

@@ -1,4 +1,8 @@
-"""Shared fixtures: import path, a printed seed per test."""
+"""Shared fixtures: the helpers' import path, a printed seed per test.
+
+The package itself is imported as installed (scripts/test_python.sh builds a
+wheel and installs it into a venv); to test the checkout instead, put python/
+on PYTHONPATH yourself."""
 import os
 import sys
 import time
@@ -8,9 +12,8 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for p in (HERE.parent, HERE):  # the package from the checkout, and mc_ref/mc_run
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(HERE) not in sys.path:  # mc_ref, mc_run
+    sys.path.insert(0, str(HERE))
 
 
 @pytest.fixture
