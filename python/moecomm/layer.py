@@ -38,23 +38,26 @@ class MoELayer:
         self.dtype, self.y_dtype, self.out_dtype, self.index_dtype = dtype, y_dtype, out_dtype, index_dtype
         self.hidden, self.max_tokens, self.scale_cols = int(hidden), int(max_tokens), int(scale_cols)
         elem = torch.empty((), dtype=dtype).element_size()
+        gpu = comm.transport in ("nvshmem", "p2p")
+        self.device = torch.device(f"cuda:{comm.device}") if gpu else torch.device("cpu")
+        # The buffers first: a rank that cannot allocate them fails before the
+        # collective create (its peers then time out there), never after it,
+        # where undoing the create would be collective too (nvshmem frees
+        # symmetric memory collectively) and could hang.
+        L = int(num_experts) // max(1, comm.world_size)
+        cap = comm.world_size // max(1, comm.group_size) * self.max_tokens
+        self.expert_count = torch.zeros(L, dtype=torch.int32, device=self.device)
+        self.expert_x = torch.empty(L, cap, self.hidden, dtype=dtype, device=self.device)
+        self.expert_x_scale = (torch.empty(L, cap, self.scale_cols, dtype=torch.float32, device=self.device)
+                               if self.scale_cols else None)
+        self.out = torch.empty(self.max_tokens, self.hidden, dtype=out_dtype, device=self.device)
         self.a2a = AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
                             experts_per_token=experts_per_token, hidden=hidden, token_bytes=self.hidden * elem,
                             scale_bytes=4 * self.scale_cols, combine_in_dtype=y_dtype, combine_out_dtype=out_dtype,
                             index_dtype=index_dtype)
-        try:
-            gpu = comm.transport in ("nvshmem", "p2p")
-            self.device = torch.device(f"cuda:{comm.device}") if gpu else torch.device("cpu")
-            L, cap = self.a2a.num_local_experts, self.a2a.expert_capacity
-            self.num_local_experts, self.expert_capacity = L, cap
-            self.expert_count = torch.zeros(L, dtype=torch.int32, device=self.device)
-            self.expert_x = torch.empty(L, cap, self.hidden, dtype=dtype, device=self.device)
-            self.expert_x_scale = (torch.empty(L, cap, self.scale_cols, dtype=torch.float32, device=self.device)
-                                   if self.scale_cols else None)
-            self.out = torch.empty(self.max_tokens, self.hidden, dtype=out_dtype, device=self.device)
-        except BaseException:
-            self.a2a.destroy()
-            raise
+        # the same arithmetic on every rank: a difference is a bug here, seen alike by all
+        assert (self.a2a.num_local_experts, self.a2a.expert_capacity) == (L, cap), "layout of mc_a2a_create"
+        self.num_local_experts, self.expert_capacity = L, cap
 
     def __call__(self, x, topk_ids, topk_weights, experts, *, x_scale=None, bound_m=None, stream=None):
         """x [m][hidden] (m <= max_tokens), x_scale [m][scale_cols] fp32 where

@@ -45,6 +45,7 @@ int main(void) {
   printf("mc_comm_config_t %zu\nmc_a2a_config_t %zu\nmc_a2a_stats_t %zu\nmc_oob_t %zu\n",
          sizeof(mc_comm_config_t), sizeof(mc_a2a_config_t), sizeof(mc_a2a_stats_t), sizeof(mc_oob_t));
   F(mc_a2a_config_t, token_bytes) F(mc_a2a_config_t, hidden) F(mc_a2a_config_t, combine_out_dtype)
+  F(mc_a2a_config_t, index_dtype)
   F(mc_comm_config_t, device) F(mc_a2a_stats_t, buffer_bytes) F(mc_oob_t, world_size)
   return 0;
 }

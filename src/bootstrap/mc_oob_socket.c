@@ -43,15 +43,15 @@
  *     a sequence number not its own (a rank skipped or repeated a call); the
  *     other ranks check rank 0's answer likewise.
  *
- * Who gets in: rank 0 accepts a connection into one of MAX_PENDING slots and
- * gives it HANDSHAKE_MS (less if its own deadline is nearer) to send a join
+ * Who gets in: rank 0 accepts a connection into one of MC_OOB_MAX_PENDING slots and
+ * gives it MC_OOB_HANDSHAKE_MS (less if its own deadline is nearer) to send a join
  * that verifies; a connection that sends a bad join (wrong secret, garbage,
  * a replayed proof) is closed without a word. When every slot is taken, the
- * oldest is dropped to make room once it had EVICT_GRACE_MS (a live rank
+ * oldest is dropped to make room once it had MC_OOB_EVICT_GRACE_MS (a live rank
  * answers its challenge far sooner), and the dropped one gets a note so that
  * a slow real rank connects again. A connection that proved the secret
  * leaves the slots at once and is never dropped. Idle connections queued
- * ahead of a rank therefore delay it by about EVICT_GRACE_MS per MAX_PENDING
+ * ahead of a rank therefore delay it by about MC_OOB_EVICT_GRACE_MS per MC_OOB_MAX_PENDING
  * of them, junk ones by less, other users' ones (below) by nothing but the
  * accept; rank 0's timeout text counts what it dropped and why.
  * Loopback: when both ends of a connection are in 127.0.0.0/8, each side
@@ -91,6 +91,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mc_error.h"

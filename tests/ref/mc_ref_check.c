@@ -131,7 +131,14 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
   size_t tb = (size_t)(in->m > 0 ? in->m : 1) * c->token_bytes;
   unsigned char *inv = malloc(tb);
   void *inv_buf = d->gpu ? mc_dev_alloc(1, tb) : inv;
-  if (!inv || !inv_buf) return 1;
+  /* the id buffers, allocated below; everything is freed at the end */
+  int32_t *idx = NULL;
+  int64_t *wide = NULL;
+  void *bad_idx = NULL, *bad_bound = NULL;
+  if (!inv || !inv_buf) {
+    bad = 1;
+    goto done;
+  }
   for (size_t i = 0; i < (size_t)in->m * c->token_bytes; i++)
     inv[i] = (unsigned char)~in->tokens[i];
   if (d->gpu) mc_dev_put(1, inv_buf, inv, tb);
@@ -164,12 +171,15 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
    * the width the handle takes (idx is edited, wide its int64 copy) */
   int32_t over = in->m + 1;
   size_t n = (size_t)in->m * K, w = d->ids64 ? 8 : 4;
-  int32_t *idx = malloc((n ? n : 1) * sizeof *idx);
-  int64_t *wide = d->ids64 ? malloc((n ? n : 1) * sizeof *wide) : NULL;
+  idx = malloc((n ? n : 1) * sizeof *idx);
+  wide = d->ids64 ? malloc((n ? n : 1) * sizeof *wide) : NULL;
   void *host_idx = d->ids64 ? (void *)wide : (void *)idx;
-  void *bad_idx = d->gpu ? mc_dev_alloc(1, (n ? n : 1) * w) : host_idx;
-  void *bad_bound = d->gpu ? mc_dev_alloc(1, 4) : &over;
-  if (!idx || (d->ids64 && !wide) || !bad_idx || !bad_bound) return 1;
+  bad_idx = d->gpu ? mc_dev_alloc(1, (n ? n : 1) * w) : host_idx;
+  bad_bound = d->gpu ? mc_dev_alloc(1, 4) : &over;
+  if (!idx || (d->ids64 && !wide) || !bad_idx || !bad_bound) {
+    bad = 1;
+    goto done;
+  }
   if (d->gpu) mc_dev_put(1, bad_bound, &over, 4);
   typedef struct {
     const char *what, *needle;
@@ -177,6 +187,7 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
     const int32_t *bound;
   } bad_case_t;
   bad_case_t cases[5];
+  char past[64];
   int nc = 0;
   const size_t last = in->bound_m > 0 ? (size_t)(in->bound_m - 1) * K : 0;
   if (in->m > 0) cases[nc++] = (bad_case_t){"bound_m > m", "bound_m", ci->indices, bad_bound};
@@ -186,17 +197,22 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
     memcpy(idx, in->indices, n * sizeof *idx);
     cases[nc++] = (bad_case_t){"expert out of range", "is not an expert id", bad_idx, ci->bound};
     if (K >= 2) cases[nc++] = (bad_case_t){"duplicate expert", "twice", bad_idx, ci->bound};
-    /* int64: a valid id plus 2^32, which narrowing would take for the valid one */
-    if (d->ids64) cases[nc++] = (bad_case_t){"int64 id past 2^32", "is not an expert id", bad_idx, ci->bound};
+    /* int64: a valid id plus 2^32, which narrowing would take for the
+     * valid one; the refusal must quote it whole */
+    snprintf(past, sizeof past, "=%lld is not an expert id",
+             (long long)in->indices[last + K - 1] + ((long long)1 << 32));
+    if (d->ids64) cases[nc++] = (bad_case_t){"int64 id past 2^32", past, bad_idx, ci->bound};
   }
   for (int i = 0; i < nc && !bad; i++) {
     if (strcmp(cases[i].what, "expert out of range") == 0) idx[last + K - 1] = c->num_experts;
     if (strcmp(cases[i].what, "duplicate expert") == 0) /* the last id repeats the row's first */
       idx[last + K - 1] = idx[last];
     if (strcmp(cases[i].what, "int64 id past 2^32") == 0) idx[last + K - 1] = in->indices[last + K - 1];
-    for (size_t j = 0; d->ids64 && j < n; j++) wide[j] = idx[j];
-    if (strcmp(cases[i].what, "int64 id past 2^32") == 0) wide[last + K - 1] += (int64_t)1 << 32;
-    if (d->gpu && cases[i].indices == bad_idx) mc_dev_put(1, bad_idx, host_idx, n * w);
+    if (cases[i].indices == bad_idx) { /* the edited ids, at the handle's width, where the library reads them */
+      for (size_t j = 0; d->ids64 && j < n; j++) wide[j] = idx[j];
+      if (strcmp(cases[i].what, "int64 id past 2^32") == 0) wide[last + K - 1] += (int64_t)1 << 32;
+      if (d->gpu) mc_dev_put(1, bad_idx, host_idx, n * w);
+    }
     mc_result_t rc = D(ci->tokens, ci->scales, cases[i].indices, in->m, cases[i].bound, MC_SEND);
     if (d->gpu && rc == MC_SUCCESS) { /* refused on the device: learnt after a sync */
       mc_dev_sync(1);
@@ -204,6 +220,7 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
     }
     bad |= expect_fail(me, a2a, rank, round, cases[i].what, rc, MC_ERR_INVALID_ARG, cases[i].needle);
   }
+done:
   if (d->gpu) mc_dev_free(1, bad_idx), mc_dev_free(1, bad_bound), mc_dev_free(1, inv_buf);
   free(idx);
   free(wide);
