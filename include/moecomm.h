@@ -45,7 +45,7 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define MC_VERSION_MAJOR 0
-#define MC_VERSION_MINOR 1
+#define MC_VERSION_MINOR 2
 #define MC_VERSION_PATCH 0
 /* One integer that compares in release order: 0.1.0 -> 100. */
 #define MC_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))

@@ -9,7 +9,7 @@ import ctypes as C
 from ._lib import load
 
 # ---- version, results, enumerations (moecomm.h) ----
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 1, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
 VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 SUCCESS = 0
