@@ -29,7 +29,6 @@ class MoELayer:
         the wire back (bf16, fp16 or fp32; default: dtype when it is one of
         those, else bf16). out_dtype: the combined output's (default y_dtype)."""
         import torch
-        self._torch = torch
         dtype = torch.bfloat16 if dtype is None else dtype
         if y_dtype is None:
             y_dtype = dtype if str(dtype) in _FLOAT_NAMES else torch.bfloat16
