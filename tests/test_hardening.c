@@ -126,6 +126,20 @@ int test_use_after_destroy(void) {
   return 0;
 }
 
+/* One dispatch of four small tokens (ids 0 1 | 2 3 | 1 2 | 3 0) with weights
+ * w (NULL: the call's default of 1), its result and text kept for the
+ * test; then the handle and the communicator go. Buffers fit the small
+ * config at up to 2 ranks. */
+static void dispatch_then_close(trun_t *t, int rank, mc_comm_t *comm, mc_a2a_t *a2a, const float *w) {
+  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[4];
+  unsigned char tok[4 * 64], x[4 * 8 * 64];
+  memset(tok, 7, sizeof tok);
+  t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, w, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_a2a_last_error(a2a));
+  mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+}
+
 /* ---- a rank destroys at once; its peer thread dispatches into its window ---- */
 static int early_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_a2a_config_t ac = small_config();
@@ -136,14 +150,8 @@ static int early_body(trun_t *t, int rank, mc_comm_t *comm) {
     mc_comm_destroy(comm);
     return 0;
   }
-  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[2];
   float w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  unsigned char tok[4 * 64], x[2 * 8 * 64];
-  memset(tok, 7, sizeof tok);
-  t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, w, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
-  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_a2a_last_error(a2a));
-  mc_a2a_destroy(a2a);
-  mc_comm_destroy(comm);
+  dispatch_then_close(t, rank, comm, a2a, w);
   return 0;
 }
 int test_early_destroy(void) {
@@ -216,15 +224,9 @@ static int group_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_a2a_config_t ac = small_config();
   mc_a2a_t *a2a = NULL;
   if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
-  int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[4];
   float w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   if (rank == 1) w[5] = 0.5f;
-  unsigned char tok[4 * 64], x[4 * 4 * 64];
-  memset(tok, 7, sizeof tok);
-  t->rc[rank] = mc_dispatch(a2a, tok, NULL, idx, w, 4, NULL, x, NULL, count, MC_SEND_RECV, NULL);
-  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_a2a_last_error(a2a));
-  mc_a2a_destroy(a2a);
-  mc_comm_destroy(comm);
+  dispatch_then_close(t, rank, comm, a2a, w);
   return 0;
 }
 int test_group_inputs_differ(void) {
