@@ -1,7 +1,8 @@
-/* mc_oob_wire.h - what the socket bootstrap's two sides share: the
- * messages on the wire (their meaning and the handshake are described at
- * the top of mc_oob_socket.c), transfers bounded by a deadline, the
- * HMAC proofs, and the owner of a loopback connection's other end. */
+/* mc_oob_wire.h - what the socket bootstrap's files share: the messages on
+ * the wire (their meaning and the handshake are described at the top of
+ * mc_oob_socket.c), the socket object, transfers bounded by a deadline, the
+ * HMAC proofs, the owner of a loopback connection's other end, and rank 0's
+ * side of the handshake (mc_oob_root.c). */
 #ifndef MC_OOB_WIRE_H
 #define MC_OOB_WIRE_H
 
@@ -50,6 +51,18 @@ typedef struct { uint32_t magic, pad; uint64_t bytes, seq; } mc_oob_msg_hdr_t;
 _Static_assert(sizeof(mc_oob_id_wire_t) == 40 && sizeof(mc_oob_id_wire_t) <= MC_UNIQUE_ID_BYTES, "id layout");
 _Static_assert(sizeof(mc_oob_challenge_t) == 24 && sizeof(mc_oob_join_t) == 64 && sizeof(mc_oob_ack_t) == 48 &&
                sizeof(mc_oob_msg_hdr_t) == 24, "wire");
+
+/* The object of mc_oob_socket_create. */
+struct mc_oob_socket {
+  int rank, world_size, timeout_ms, poisoned;
+  uint64_t seq; /* allgathers completed */
+  int *fds;     /* rank 0: fds[r] = rank r's connection; rank > 0: fds[0] = rank 0's */
+};
+
+/* Rank 0's handshake on the id's listener lfd: every other rank joined
+ * (s->fds[r] its connection) and acknowledged, or a failure that names the
+ * missing ranks; bounded by deadline. */
+mc_result_t mc_oob_root_join(mc_oob_socket_t *s, const mc_oob_id_wire_t *w, int lfd, int64_t deadline);
 
 /* What a transfer came to. */
 enum { MC_OOB_IO_OK, MC_OOB_IO_TIMEOUT, MC_OOB_IO_EOF, MC_OOB_IO_ERR };
