@@ -72,8 +72,8 @@ fi
 if [ "$mode" = p2p ]; then
   # the p2p transport: every GPU test over it, then both transports' EP8
   # benchmark in one run (nvshmem with its dense baseline)
-  for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes \
-           gpu_many_rounds; do
+  for t in gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_int64_ids gpu_stall gpu_graph gpu_deepseek_shape \
+           gpu_prep_passes gpu_topk_kernels gpu_many_rounds; do
     s=$(date +%s)
     if MC_TEST_TRANSPORT=p2p timeout 120 $L build-dev/mc_tests "$t" > "$out/test-p2p-$t.log" 2>&1; then r=PASS
     else r="FAIL($?)"; tail -8 "$out/test-p2p-$t.log"; fi
@@ -123,10 +123,17 @@ if [ "$mode" = sanitize ]; then
   exit 0
 fi
 if [ "$mode" = torch ]; then
-  # the Python package on the GPU: an MoE layer in PyTorch, EP1 and EP4,
-  # eager and CUDA graph, against a dense reference (python/tests/test_torch_gpu.py)
-  MOECOMM_LIB="$PWD/build-dev/libmoecomm.so" PYTHONPATH="$PWD/python" timeout 400 scripts/mc-launch.sh 4 -- \
-    python3 -m pytest -q -s -p no:cacheprovider python/tests/test_torch_gpu.py python/tests/test_readme.py 2>&1 | tee "$out/torch.txt" | tail -25
+  # the Python package on the GPU: an MoE layer in PyTorch, EP1, EP2 and EP4
+  # (rank r on GPU r % count), eager and CUDA graph, against a dense
+  # reference (python/tests/test_torch_gpu.py), and the README's examples;
+  # where there are several GPUs, EP4 again on one of them (4 ranks under MPS)
+  py() { MOECOMM_LIB="$PWD/build-dev/libmoecomm.so" PYTHONPATH="$PWD/python" timeout 400 scripts/mc-launch.sh 4 -- \
+           python3 -m pytest -q -s -p no:cacheprovider "$@" 2>&1; }
+  py python/tests/test_torch_gpu.py python/tests/test_readme.py | tee "$out/torch.txt" | tail -25
+  if [ "$(scripts/mc-launch.sh --gpus)" -gt 1 ]; then
+    t=python/tests/test_torch_gpu.py::test_moe_layer_on_gpu
+    CUDA_VISIBLE_DEVICES=0 py "$t[4-nvshmem]" "$t[4-p2p]" | tee "$out/torch-ep4-one-gpu.txt" | tail -8
+  fi
   exit 0
 fi
 if [ "$mode" = trace ]; then
@@ -162,7 +169,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_int64_ids gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done

@@ -12,7 +12,8 @@ import glob, statistics, sys
 KERNELS = ["prep", "pack", "dsend", "drecv", "csend", "crecv"]
 SLOTS = ["start", "last-start", "c0", "c1", "c2", "c3", "c4", "end"]
 NOTES = {("prep", "c0"): "checked and routed", ("prep", "c1"): "positions done",
-         ("drecv", "c0"): "metas arrived", ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
+         ("dsend", "c0"): "pieces stored (signals next)", ("drecv", "c0"): "metas arrived",
+         ("drecv", "c1"): "slot bases computed", ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
          }
 
 

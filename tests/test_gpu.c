@@ -141,6 +141,24 @@ int test_gpu_prep_passes(void) {
   return 0;
 }
 
+/* Every top-k the one-launch dispatch kernel has a kernel of its own for
+ * (8, 6, 4, 2) and the generic one (1, 3, 5, 16), on random ids and
+ * weights, EP2 (or what the machine allows), with and without groups. */
+int test_gpu_topk_kernels(void) {
+  REQUIRE_GPU();
+  static const int topks[] = {1, 2, 3, 4, 5, 6, 8, 16};
+  for (int i = 0; i < (int)(sizeof topks / sizeof topks[0]); i++) {
+    mc_case_t c;
+    small_case(&c, 2, 1 + i % 2, 60 + i);
+    c.num_experts = 32;
+    c.topk = topks[i];
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    MC_CHECK_MSG(run_gpu(&c, &o) == 0, "top-k %d", topks[i]);
+  }
+  return 0;
+}
+
 /* An application that started NVSHMEM itself (here as PE 0 of 1): the
  * communicator attaches instead of starting it again, the kernels run on
  * that NVSHMEM and match the reference, and destroying the communicator
@@ -172,7 +190,7 @@ int test_gpu_nvshmem_attach(void) {
 #endif
 }
 
-/* p2p needs every peer mapped: ranks that claim two hosts (MC_HOST_ID, as
+/* p2p needs every peer mapped: ranks that claim two hosts (mc_testing_set_host, as
  * on two nodes) make mc_a2a_create fail on every rank, with a message that
  * names the peer, instead of a crash later. (With transport auto the same
  * ranks would get nvshmem.) */

@@ -65,6 +65,23 @@ MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
   else __threadfence_system();
 }
 
+/* Programmatic dependent launch (sm_90 on): a receiving kernel launched
+ * with the attribute (mc_gpu_launch.cuh) is scheduled once every block of
+ * the sending kernel before it has passed mc_pdl_launch_dependents, and
+ * waits in mc_pdl_wait until that kernel has finished and its memory is
+ * visible: the same order as two plain launches, less the gap between
+ * them. Without the attribute both are no-ops. */
+MC_DEV void mc_pdl_launch_dependents(void) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+MC_DEV void mc_pdl_wait(void) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* %globaltimer: nanoseconds, coarse but monotone: enough for timeouts. */
 MC_DEV uint64_t mc_globaltimer_ns(void) {
   uint64_t t;
@@ -150,20 +167,28 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
  * together (the compiler may not hoist a load above a store that could
  * alias it); the piece is read once for all the ranks, or all the local
  * experts, it goes to. */
-MC_DEV void mc_warp_piece16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint32_t bytes,
-                               int lane) {
+MC_DEV void mc_warp_piece_load(int4 *v, const void *src, uint32_t bytes, int lane) {
   const int4 *s = (const int4 *)src;
   const uint32_t cnt = bytes / 16;
-  int4 v[4];
 #pragma unroll
   for (int q = 0; q < 4; q++)
     if (lane + 32u * q < cnt) v[q] = s[lane + 32 * q];
+}
+MC_DEV void mc_warp_piece_store(unsigned char *const *dst, int n, uint64_t off, const int4 *v, uint32_t bytes,
+                                int lane) {
+  const uint32_t cnt = bytes / 16;
   for (int j = 0; j < n; j++) {
     int4 *d = (int4 *)(dst[j] + off);
 #pragma unroll
     for (int q = 0; q < 4; q++)
       if (lane + 32u * q < cnt) d[lane + 32 * q] = v[q];
   }
+}
+MC_DEV void mc_warp_piece16_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint32_t bytes,
+                               int lane) {
+  int4 v[4];
+  mc_warp_piece_load(v, src, bytes, lane);
+  mc_warp_piece_store(dst, n, off, v, bytes, lane);
 }
 /* The same for bytes a multiple of 4 (scales), 512 bytes a pass. */
 MC_DEV void mc_warp_piece4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,

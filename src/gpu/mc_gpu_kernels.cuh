@@ -22,10 +22,13 @@
  * mc_row_segs pieces, and the signals count pieces.
  *
  * Launches (mc_gpu_launch.cuh): where a call's tokens fit one prep chunk,
- * dispatch-send is one kernel (prep in every block, then the pieces). Each
- * half is its own kernel: a phase as one kernel (send part, then recv part
- * in the same blocks) was measured and lost, its waiting blocks slowing
- * its sending ones in some rounds (docs/performance.md).
+ * dispatch-send is one kernel (prep in every block, then the pieces), a
+ * kernel per common top-k. Each half is its own kernel: a phase as one
+ * kernel (send part, then recv part in the same blocks) was measured and
+ * lost, its waiting blocks slowing its sending ones in some rounds
+ * (docs/performance.md). Where a rank has its GPU alone, a receiving
+ * kernel is launched as a programmatic dependent of the sending one
+ * before it (mc_pdl_*, mc_dev.cuh): same order, less gap.
  *
  * Why round i+1 cannot overwrite what a peer still reads from round i
  * (the same argument as on the cpu, now across kernels):
@@ -95,17 +98,16 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
 /* End of a send part: after every warp of the block stored its share, one
  * release per directly reachable rank this block sent to, adding what it
  * stored (record or row pieces) to that rank's running total. A signal per
- * block, not per piece: each is a fence that waits for the stores before
- * it, and the receivers wait for a source's whole total before reading any
- * of it. The fence after the block barrier orders the other warps' stores
- * too (they happen before it through bar.sync: cumulativity). */
+ * block, not per piece: each release waits for the stores before it, and
+ * the receivers wait for a source's whole total before reading any of it.
+ * The release orders the other warps' stores too: they happen before it
+ * through bar.sync, and release is cumulative. (A fence.sc before the
+ * release orders nothing more and costs its own wait: with one, most of
+ * the dispatch kernel's sampled stalls were in it, docs/performance.md.) */
 MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
   __syncthreads();
-  for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x) {
-    if (!count[p]) continue;
-    mc_fence_peers(&a);
-    mc_sig_add(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(&a.s, slot, a.rank)), count[p]);
-  }
+  for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x)
+    if (count[p]) mc_sig_add(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(&a.s, slot, a.rank)), count[p]);
 }
 
 /* ---- dispatch-send: the records, a warp per (token, payload piece) ----
@@ -115,21 +117,28 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
  * puts (chunked path) gets the whole staged record from the warp of piece
  * 0, adding all its pieces at once. Headers: the one-launch prep stored
  * them already (hdr_staged 0); on the chunked path (1) the warp of piece 0
- * copies the staged header too. Each block counts the pieces it stored per
- * destination in sent[] for mc_block_signal_counts. */
-MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const mc_route_tab_t &tab, const int begin, const int end,
-                                    const int hdr_staged, uint32_t *sent) {
+ * copies the staged header too. Blocks from b0 on take part (the one-launch
+ * kernel leaves out block 0, which publishes the round's metas first: its
+ * share of pieces went out last). Each block counts the pieces it stored
+ * per destination in sent[] for mc_block_signal_counts. */
+MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const mc_route_tab_t &tab, const int begin,
+                                    const int end, const int hdr_staged, const int b0, uint32_t *sent) {
   const mc_shape_t *s = &a.s;
-  const int K = s->topk, S = mc_token_segs(s), lane = threadIdx.x & 31;
-  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const int S = mc_token_segs(s), lane = threadIdx.x & 31;
+  if ((int)blockIdx.x < b0) return;
+  const int gw = ((blockIdx.x - b0) * blockDim.x + threadIdx.x) >> 5, nw = ((gridDim.x - b0) * blockDim.x) >> 5;
   const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
   for (int it = gw; it < (end - begin) * S; it += nw) {
     const int tt = it / S, j = it % S, t = begin + tt;
     const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
-    unsigned char *dst[MC_MAX_TOPK];
-    int n = 0;
+    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
+    const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+    int4 v[4]; /* the piece, loaded once for every destination, before the table is read */
+    mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
     const int nd = tab.ndest[t];
+    /* one destination at a time: a table of destination pointers, indexed
+     * by a running count, lived in local memory (a load per store) */
     for (int q = 0; q < nd; q++) {
       const int d = tab.dests[(int64_t)t * K + q];
       const uint64_t off = mc_disp_recv_off(s, a.rank, (int)tab.ridx[(int64_t)tt * K + q]);
@@ -139,16 +148,13 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const mc_route_tab_t &t
         continue;
       }
       if (lane == 0) atomicAdd(&sent[d], hdr_staged && j == 0 ? 2u : 1u);
-      dst[n++] = peer + off;
+      unsigned char *dst = peer + off;
+      if (hdr_staged && j == 0) mc_warp_piece16_to(&dst, 1, 0, rec, (uint32_t)hdr, lane);
+      mc_warp_piece_store(&dst, 1, poff + po, v, bytes, lane);
+      if (j == S - 1 && s->scale_bytes)
+        mc_warp_piece4_to(&dst, 1, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
+                          s->scale_bytes, lane);
     }
-    if (!n) continue;
-    if (hdr_staged && j == 0) mc_warp_piece16_to(dst, n, 0, rec, (uint32_t)hdr, lane);
-    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-    mc_warp_piece16_to(dst, n, poff + po, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po,
-                       (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
-    if (j == S - 1 && s->scale_bytes)
-      mc_warp_piece4_to(dst, n, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes, s->scale_bytes,
-                        lane);
   }
 }
 
@@ -179,6 +185,7 @@ MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
+  mc_pdl_launch_dependents();
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
   mc_trace_start(&a, MC_TK_DSEND);
@@ -189,7 +196,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   const uint64_t round = *mc_ws_round(&a);
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
-  mc_dispatch_send_pieces(a, mc_tab_global(a), begin, end, 1, sent);
+  mc_dispatch_send_pieces(a, s->topk, mc_tab_global(a), begin, end, 1, 0, sent);
   /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
@@ -233,19 +240,30 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   __syncthreads();
   if (abort_) return;
   mc_trace_point(&a, MC_TK_DRECV, 0);
+  /* every meta word at once (a dependent load per source and expert was a
+   * memory latency each), then the scans over sources in shared memory */
+  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
+    const int src = i / (L + 1), w = i % (L + 1);
+    const uint32_t v = ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
+    if (w) base[src * L + w - 1] = v;
+    else prefix[src + 1] = v;
+  }
+  __syncthreads();
   for (int l = tid; l < L; l += blockDim.x) {
     uint32_t run = 0;
     for (int src = 0; src < W; src++) {
+      const uint32_t n = base[src * L + l];
       base[src * L + l] = run;
-      run += ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[1 + l];
+      run += n;
     }
     if (blockIdx.x == 0) a.expert_count[l] = (int32_t)run;
   }
   if (tid == 0) {
     prefix[0] = 0;
-    for (int src = 0; src < W; src++) prefix[src + 1] = prefix[src] + ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[0];
+    for (int src = 0; src < W; src++) prefix[src + 1] += prefix[src];
   }
   __syncthreads();
+  mc_trace_point(&a, MC_TK_DRECV, 1);
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
@@ -267,6 +285,12 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
     }
     const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
+    /* the first piece's loads go out before the header's: they do not
+     * depend on it, and the copy is a chain of memory latencies */
+    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES, left0 = s->token_bytes - po0;
+    const uint32_t bytes0 = (uint32_t)(left0 < MC_SEG_BYTES ? left0 : MC_SEG_BYTES);
+    int4 v[4];
+    mc_warp_piece_load(v, rec + poff + po0, bytes0, lane);
     /* lane k reads target k: this rank's experts among them, ascending id */
     mc_target_t tg = {0, 0, 0.0f};
     int here = 0, l = 0, slot = 0;
@@ -277,20 +301,26 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
     }
     const uint32_t km = __ballot_sync(0xffffffffu, here);
     const int n = __popc(km);
-    unsigned char *xdst[MC_MAX_TOPK], *sdst[MC_MAX_TOPK];
-    uint32_t rest = km;
-    for (int q = 0; q < n; q++) {
-      const int from = __ffs(rest) - 1;
-      rest &= rest - 1;
-      const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, l, from) * cap + (uint64_t)__shfl_sync(0xffffffffu, slot, from);
-      xdst[q] = (unsigned char *)a.expert_x + at * s->token_bytes;
-      sdst[q] = s->scale_bytes ? (unsigned char *)a.expert_scale + at * s->scale_bytes : NULL;
-    }
+    /* each piece into every slot here, a slot at a time (its expert and
+     * position from the lane that read that target): no table of pointers,
+     * which lived in local memory */
     for (int j = j0; j < j1; j++) {
       const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-      mc_warp_piece16_to(xdst, n, po, rec + poff + po, (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES), lane);
+      const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+      if (j > j0) mc_warp_piece_load(v, rec + poff + po, bytes, lane);
+      uint32_t rest = km;
+      for (int q = 0; q < n; q++) {
+        const int from = __ffs(rest) - 1;
+        rest &= rest - 1;
+        const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, l, from) * cap + (uint64_t)__shfl_sync(0xffffffffu, slot, from);
+        unsigned char *x = (unsigned char *)a.expert_x + at * s->token_bytes;
+        mc_warp_piece_store(&x, 1, po, v, bytes, lane);
+        if (j == S - 1 && s->scale_bytes) {
+          unsigned char *sd = (unsigned char *)a.expert_scale + at * s->scale_bytes;
+          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane);
+        }
+      }
     }
-    if (j1 == S && s->scale_bytes) mc_warp_piece4_to(sdst, n, 0, rec + soff, s->scale_bytes, lane);
     if (j0 == 0) {
       mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
       if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};
@@ -317,6 +347,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   }
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+  mc_pdl_wait();
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   mc_dispatch_recv_body(a, *mc_ws_round(&a));
 }
@@ -325,17 +356,20 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
  * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
  * then stores its pieces; the last block out writes the round number
  * (every block has read the old one by then). ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one(mc_kargs_t a) {
+MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K) {
   const mc_shape_t *s = &a.s;
+  mc_pdl_launch_dependents();
   const uint64_t round = *mc_ws_round(&a) + 1;
-  const int m_eff = mc_dispatch_prep(a, MC_PREP_ONE, round);
+  const int m_eff = mc_dispatch_prep_body(a, K, MC_PREP_ONE, round);
   if (m_eff < 0) return; /* refused: every block saw it, block 0 recorded it */
   extern __shared__ uint32_t smem[];
   int begin, end;
   mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
   mc_trace_start(&a, MC_TK_DSEND);
   uint32_t *sent = mc_one_sent(smem, s);
-  mc_dispatch_send_pieces(a, mc_tab_shared(smem, s), begin, end, 0, sent);
+  mc_dispatch_send_pieces(a, K, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
+  if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */
+  mc_trace_point(&a, MC_TK_DSEND, 0);
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
   if (threadIdx.x == 0) {
@@ -345,6 +379,28 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one(mc_k
       *mc_ws_round(&a) = round;
     }
   }
+}
+/* One kernel per common top-k, and one for any other: with K a constant
+ * the prep's per-k loops (unrolled to MC_MAX_TOPK) shrink to K, and the
+ * prep is a chain of dependent instructions, so their count is its time.
+ * Kernels, not inlined copies behind a switch in one kernel: a copy for
+ * top-6 and top-2 inside the one kernel made the top-8 shape 6 us slower
+ * (the kernel's code grew), while a kernel of its own costs the others
+ * nothing. The launch plan picks one at create (mc_gpu_launch.cuh). */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k8(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, 8);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k6(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, 6);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k4(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, 4);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k2(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, 2);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_kn(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, a.s.topk);
 }
 
 /* ---- combine-send (whole grid): one warp per (received record, row segment) ----
@@ -436,6 +492,7 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
  * each copy holds only its own loads and conversions in registers (one
  * generic body needed 225 registers per thread, one block per SM). */
 static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
+  mc_pdl_launch_dependents();
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   switch (a.in_dtype) {
   case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
@@ -515,6 +572,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
   } while (0)
 
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
+  mc_pdl_wait();
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
 }

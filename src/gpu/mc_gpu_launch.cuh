@@ -27,7 +27,9 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   const mc_shape_t *s = &a2a->shape;
   static const void *const all[] = {(const void *)mc_k_dispatch_prep, (const void *)mc_k_dispatch_prep_fix,
                                     (const void *)mc_k_dispatch_pack, (const void *)mc_k_dispatch_send,
-                                    (const void *)mc_k_dispatch_send_one, (const void *)mc_k_dispatch_recv,
+                                    (const void *)mc_k_dispatch_send_one_k8, (const void *)mc_k_dispatch_send_one_k6,
+                                    (const void *)mc_k_dispatch_send_one_k4, (const void *)mc_k_dispatch_send_one_k2,
+                                    (const void *)mc_k_dispatch_send_one_kn, (const void *)mc_k_dispatch_recv,
                                     (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
                                     (const void *)mc_k_barrier};
   cudaError_t e = cudaSuccess;
@@ -43,14 +45,44 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
   g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
+  switch (s->topk) { /* the one-launch kernel of this top-k (mc_gpu_kernels.cuh) */
+  case 8: g->send_one = (const void *)mc_k_dispatch_send_one_k8; break;
+  case 6: g->send_one = (const void *)mc_k_dispatch_send_one_k6; break;
+  case 4: g->send_one = (const void *)mc_k_dispatch_send_one_k4; break;
+  case 2: g->send_one = (const void *)mc_k_dispatch_send_one_k2; break;
+  default: g->send_one = (const void *)mc_k_dispatch_send_one_kn; break;
+  }
   if (g->one && mc_one_smem_bytes(s) > (48u << 10))
-    e = cudaFuncSetAttribute(mc_k_dispatch_send_one, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)mc_one_smem_bytes(s));
+    e = cudaFuncSetAttribute(g->send_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the dispatch kernel's shared memory");
+  int cc = 0;
+  cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
+  g->pdl = g->alone && cc >= 9;
   if (mc_verbose() && a2a->comm->rank == 0)
-    fprintf(stderr, "moecomm: dispatch-send in one launch up to %d tokens: %s\n", mc_prep_chunk(s),
-            g->one ? "yes" : "no (a peer reached by puts)");
+    fprintf(stderr, "moecomm: dispatch-send in one launch up to %d tokens: %s; receivers launched early: %s\n",
+            mc_prep_chunk(s), g->one ? "yes" : "no (a peer reached by puts)", g->pdl ? "yes" : "no");
   return MC_SUCCESS;
+}
+
+/* A receiving kernel: with g->pdl, launched as a programmatic dependent
+ * of the kernel before it on the stream (mc_pdl_wait, mc_dev.cuh). Only
+ * where this rank has its GPU alone: ranks sharing a GPU would hold SMs
+ * with waiting blocks that another rank's sender needs. */
+static cudaError_t launch_recv(const mc_gpu_t *g, const void *fn, int grid, int threads, size_t smem, cudaStream_t st,
+                               mc_kargs_t *ka) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = g->pdl ? 1 : 0;
+  void *args[] = {ka};
+  return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
 /* Check what the device recorded, then launch one half's kernels on the
@@ -62,10 +94,12 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   mc_gpu_t *g = gpu(a2a);
   const mc_shape_t *s = &a2a->shape;
   cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
+  cudaError_t e = cudaSuccess;
+  void *args[] = {&ka};
   switch (half) {
   case MC_PHASE_DSEND:
-    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch */
-      mc_k_dispatch_send_one<<<g->grid, MC_THREADS, mc_one_smem_bytes(s), st>>>(ka);
+    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
+      e = cudaLaunchKernel(g->send_one, dim3(g->grid), dim3(MC_THREADS), args, mc_one_smem_bytes(s), st);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
       mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
@@ -74,11 +108,13 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
       mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(s), st>>>(ka);
     }
     break;
-  case MC_PHASE_DRECV: mc_k_dispatch_recv<<<g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st>>>(ka); break;
+  case MC_PHASE_DRECV:
+    e = launch_recv(g, (const void *)mc_k_dispatch_recv, g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
+    break;
   case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka); break;
-  case MC_PHASE_CRECV: mc_k_combine_recv<<<g->grid, MC_THREADS, 0, st>>>(ka); break;
+  case MC_PHASE_CRECV: e = launch_recv(g, (const void *)mc_k_combine_recv, g->grid, MC_THREADS, 0, st, &ka); break;
   }
-  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
 }
 

@@ -413,10 +413,9 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
   return m_eff;
 }
 
-/* One inlined copy per common top-k: with K a constant the per-k loops,
- * unrolled to MC_MAX_TOPK, shrink to K (K x K compares instead of 16 x 16;
- * the prep is a chain of dependent instructions, so their count is its
- * time). */
+/* The chunked prep kernel: one inlined copy per common top-k (with K a
+ * constant the per-k loops shrink to K: K x K compares instead of 16 x 16).
+ * The one-launch kernel has a kernel per top-k instead (mc_gpu_kernels.cuh). */
 MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int mode, const uint64_t round) {
   switch (a.s.topk) {
   case 8: return mc_dispatch_prep_body(a, 8, mode, round);
