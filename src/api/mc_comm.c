@@ -9,6 +9,7 @@
 #include "mc_handles.h"
 #include "mc_internal.h"
 #include "mc_params.h"
+#include "mc_testing.h"
 
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes) {
   int rc = comm->oob.allgather(send, recv, bytes, comm->oob.user);
@@ -41,7 +42,8 @@ int mc_verbose(void) {
 uint64_t mc_host_id(void) {
   char name[256] = {0};
   const mc_params_t *p = mc_params(NULL); /* MC_HOST_ID: containers on several nodes can share a host name */
-  if (p && p->host_id[0]) snprintf(name, sizeof name, "%s", p->host_id);
+  if (mc_testing_host()[0]) snprintf(name, sizeof name, "%s", mc_testing_host());
+  else if (p && p->host_id[0]) snprintf(name, sizeof name, "%s", p->host_id);
   else gethostname(name, sizeof name - 1);
   uint64_t h = 1469598103934665603ull;
   for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;

@@ -101,3 +101,7 @@ void mc_testing_force(int what, int on) {
   else __atomic_and_fetch(&forced, ~what, __ATOMIC_RELAXED);
 }
 int mc_testing_forced(int what) { return (__atomic_load_n(&forced, __ATOMIC_RELAXED) & what) != 0; }
+
+static char test_host[64]; /* set before the communicators it concerns, by one thread */
+void mc_testing_set_host(const char *name) { snprintf(test_host, sizeof test_host, "%s", name ? name : ""); }
+const char *mc_testing_host(void) { return test_host; }

@@ -14,5 +14,10 @@ enum {
 /* Force `what` on or off for the handles this process creates from now on. */
 MC_API void mc_testing_force(int what, int on);
 int mc_testing_forced(int what);
+/* This process claims host `name` (NULL: its own), as MC_HOST_ID would for
+ * a process that had not read its settings yet: fork()ed test ranks inherit
+ * their parent's settings, read once, so setting MC_HOST_ID there is too late. */
+MC_API void mc_testing_set_host(const char *name);
+const char *mc_testing_host(void);
 
 #endif

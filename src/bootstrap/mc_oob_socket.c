@@ -404,33 +404,55 @@ static int hdr_ok(const mc_oob_msg_hdr_t *h, uint64_t bytes, uint64_t seq) {
   return h->magic == MC_OOB_MSG_MAGIC && h->bytes <= MC_OOB_MSG_CAP && h->bytes == bytes && h->seq == seq;
 }
 
+/* One message of an allgather with rank peer: 1 if it went through, else 0
+ * with *who and *io saying which peer and how it failed (the first one). */
+static int xfer(int fd, void *buf, size_t len, int64_t deadline, int send, int peer, int *who, int *io) {
+  const int r = mc_oob_io(fd, buf, len, deadline, send);
+  if (r == MC_OOB_IO_OK) return 1;
+  if (*who < 0) *who = peer, *io = r;
+  return 0;
+}
+
 static int socket_allgather(const void *send, void *recv, size_t bytes, void *user) {
   mc_oob_socket_t *s = user;
-  if (!s || s->poisoned) return -1;
-  int n = s->world_size;
+  if (!s) return -1;
+  if (s->poisoned) {
+    mc_fail_tls(MC_ERR_ABORTED, "socket allgather: an earlier one failed on this rank (its sockets are closed)");
+    return -1;
+  }
+  int n = s->world_size, who = -1, io = MC_OOB_IO_OK;
   int ok = bytes <= MC_OOB_MSG_CAP && (bytes == 0 || (send && recv));
   int64_t deadline = mc_oob_now_ms() + s->timeout_ms;
   mc_oob_msg_hdr_t mine = {MC_OOB_MSG_MAGIC, 0, bytes, s->seq}, theirs;
   char *out = recv;
   if (ok && s->rank == 0) {
     if (bytes) memmove(out, send, bytes);
-    for (int r = 1; ok && r < n; r++) /* gather in rank order */
-      ok = mc_oob_io(s->fds[r], &theirs, sizeof theirs, deadline, 0) == MC_OOB_IO_OK &&
-           hdr_ok(&theirs, bytes, s->seq) &&
-           mc_oob_io(s->fds[r], out + (size_t)r * bytes, bytes, deadline, 0) == MC_OOB_IO_OK;
+    for (int r = 1; ok && r < n; r++) { /* gather in rank order */
+      ok = xfer(s->fds[r], &theirs, sizeof theirs, deadline, 0, r, &who, &io);
+      if (ok && !hdr_ok(&theirs, bytes, s->seq)) ok = 0, who = r, io = MC_OOB_IO_ERR;
+      ok = ok && xfer(s->fds[r], out + (size_t)r * bytes, bytes, deadline, 0, r, &who, &io);
+    }
     for (int r = 1; ok && r < n; r++)
-      ok = mc_oob_io(s->fds[r], &mine, sizeof mine, deadline, 1) == MC_OOB_IO_OK &&
-           mc_oob_io(s->fds[r], out, (size_t)n * bytes, deadline, 1) == MC_OOB_IO_OK;
+      ok = xfer(s->fds[r], &mine, sizeof mine, deadline, 1, r, &who, &io) &&
+           xfer(s->fds[r], out, (size_t)n * bytes, deadline, 1, r, &who, &io);
   } else if (ok) {
-    ok = mc_oob_io(s->fds[0], &mine, sizeof mine, deadline, 1) == MC_OOB_IO_OK &&
-         mc_oob_io(s->fds[0], (void *)send, bytes, deadline, 1) == MC_OOB_IO_OK &&
-         mc_oob_io(s->fds[0], &theirs, sizeof theirs, deadline, 0) == MC_OOB_IO_OK &&
-         hdr_ok(&theirs, bytes, s->seq) &&
-         mc_oob_io(s->fds[0], out, (size_t)n * bytes, deadline, 0) == MC_OOB_IO_OK;
+    ok = xfer(s->fds[0], &mine, sizeof mine, deadline, 1, 0, &who, &io) &&
+         xfer(s->fds[0], (void *)send, bytes, deadline, 1, 0, &who, &io) &&
+         xfer(s->fds[0], &theirs, sizeof theirs, deadline, 0, 0, &who, &io);
+    if (ok && !hdr_ok(&theirs, bytes, s->seq)) ok = 0, who = 0, io = MC_OOB_IO_ERR;
+    ok = ok && xfer(s->fds[0], out, (size_t)n * bytes, deadline, 0, 0, &who, &io);
   }
   if (!ok) { /* poison: close everything so the peers fail fast too */
     s->poisoned = 1;
     for (int r = 0; r < n; r++) mc_oob_close_fd(&s->fds[r]);
+    if (who < 0)
+      mc_fail_tls(MC_ERR_INVALID_ARG, "socket allgather: %zu bytes from each rank (at most %llu, and buffers needed)",
+                  bytes, (unsigned long long)MC_OOB_MSG_CAP);
+    else
+      mc_fail_tls(io == MC_OOB_IO_TIMEOUT ? MC_ERR_TIMEOUT : MC_ERR_SYSTEM, "socket allgather: rank %d %s", who,
+                  io == MC_OOB_IO_EOF   ? "closed the connection (its process exited, or failed an earlier step)"
+                  : io == MC_OOB_IO_TIMEOUT ? "did not take part within the timeout"
+                                            : "sent something else or its connection broke");
     return -1;
   }
   s->seq++;

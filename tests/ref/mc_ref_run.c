@@ -157,7 +157,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
  * host barrier leaves launch skew between processes. */
 static int round_barrier(rank_st_t *st) {
   if (mc_rr_oob_barrier(&st->ctx->oob) != 0) {
-    mc_rr_fail(st->me, 0, "rank %d: barrier failed", st->rank);
+    mc_rr_fail(st->me, 0, "rank %d: host barrier failed: %s", st->rank, mc_last_error());
     return -1;
   }
   if (st->gpu) API(st, mc_a2a_barrier(st->a2a, mc_dev_stream()));
@@ -427,7 +427,7 @@ static int run_processes(const mc_case_t *c, const mc_run_opts_t *o, mc_run_resu
       mc_oob_socket_t *sock = NULL;
       int oob_ms = o->timeout_ms * 6 > 60000 ? o->timeout_ms * 6 : 60000;
       run_ctx_t ctx = {c, o, res, r, {0}};
-      if (o->split_hosts) setenv("MC_HOST_ID", r % 2 ? "mc-test-host-b" : "mc-test-host-a", 1);
+      if (o->split_hosts) mc_testing_set_host(r % 2 ? "mc-test-host-b" : "mc-test-host-a");
       if (mc_oob_socket_create(&id, r, W, oob_ms, &sock) != MC_SUCCESS ||
           mc_oob_socket_get(sock, &ctx.oob) != MC_SUCCESS) {
         mc_rr_fail(&res->ranks[r], 0, "rank %d: socket bootstrap failed: %s", r, mc_last_error());

@@ -28,7 +28,7 @@ typedef struct mc_run_opts {
   int whole;         /* 1: each phase as one call (MC_SEND_RECV; GPU timing: no marks between a send
                         and its recv, the send sample holds the whole phase, the recv sample 0);
                         2: one call every other round, the halves in the others (tests) */
-  int split_hosts;   /* processes: odd ranks claim another host (MC_HOST_ID), as on two nodes */
+  int split_hosts;   /* processes: odd ranks claim another host (mc_testing_set_host), as on two nodes */
   int graph_timed;   /* GPU timing: warm-up rounds eager (and checked), then the timed rounds as replays
                         of one captured round: mc_a2a_barrier, the four halves, a mark around each */
   size_t dense_bytes; /* > 0: after the rounds, time the transport's dense all-to-all of this many
