@@ -1,9 +1,9 @@
 """moecomm.MoELayer end to end on GPUs (skipped without CUDA): router top-k
 (int64, as torch.topk returns it), dispatch, per-expert MLP on the batched
 layout with torch.bmm, combine; against a dense single-process reference of
-the same layer. EP1 in this process; EP2 and EP4 as processes, one rank per
-GPU where there are enough GPUs, else sharing GPU 0 (run under
-scripts/mc-launch.sh, which starts MPS); over nvshmem and over p2p; eager,
+the same layer. EP1 in this process; EP2 and EP4 as processes, rank r on
+GPU r % (GPUs visible), several on a GPU under MPS (run under
+scripts/mc-launch.sh, which starts it); over nvshmem and over p2p; eager,
 then the same layer captured as a CUDA graph and replayed on fresh inputs.
 Each run prints its max relative error."""
 import os
@@ -62,7 +62,7 @@ def dense_reference(x, w, idx, w1, w2):
 
 
 def run_rank(rank, world, store, results, transport="nvshmem"):
-    torch.cuda.set_device(0 if torch.cuda.device_count() < world else rank)
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # as scripts/mc-launch.sh shares GPUs (and MPS) out
     dev = torch.cuda.current_device()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
