@@ -85,6 +85,21 @@ static cudaError_t launch_recv(const mc_gpu_t *g, const void *fn, int grid, int 
   return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
+/* Blocks of the one-launch dispatch kernel for a call of m tokens. Every
+ * block preps every token, so fewer blocks do less of the same work: where
+ * this rank has its GPU alone, a warp for each payload piece of the call
+ * (block 0 stores none) and at least a quarter of the grid. A quarter
+ * against the whole grid, EP2 on two H200s, whole: dispatch 30.5-30.6
+ * against 31.3-31.4 us at 128 tokens, 24.2-24.3 against 24.7-24.9 at 1
+ * token, 25.5-25.6 against 26.2-27.1 for 64 experts top-6 hidden 2048
+ * (docs/performance.md). Ranks sharing a GPU keep their whole share. */
+static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m) {
+  if (!g->alone) return g->grid;
+  const int64_t warps = MC_THREADS / 32, need = ((int64_t)m * mc_token_segs(s) + warps - 1) / warps + 1;
+  const int64_t b = need > g->grid / 4 ? need : g->grid / 4;
+  return b < 1 ? 1 : b > g->grid ? g->grid : (int)b;
+}
+
 /* Check what the device recorded, then launch one half's kernels on the
  * caller's stream; a launch error is a CUDA failure of this call. */
 static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
@@ -99,7 +114,8 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   switch (half) {
   case MC_PHASE_DSEND:
     if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
-      e = cudaLaunchKernel(g->send_one, dim3(g->grid), dim3(MC_THREADS), args, mc_one_smem_bytes(s), st);
+      e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m)), dim3(MC_THREADS), args,
+                           mc_one_smem_bytes(s), st);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
       mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
