@@ -49,10 +49,11 @@ LINK = dict(
 
 # Local cost of a phase: everything but the network, taken from moecomm's
 # measured EP2 whole phase on two H200s over NVLink (mc-bench --transport p2p
-# --whole, medians, 2026-11-30, docs/benchmarks.md): launches and events (the
-# 7.8 us floor of mc-bench --floor is inside), the prep, the copies. Assumed
-# not to grow with the world size (it does, a little: more records to copy in).
-LOCAL_US = {"dispatch": {1: 27.9, 128: 38.0}, "combine": {1: 19.6, 128: 30.3}}
+# --whole, medians, 2026-11-30 22:31 UTC, docs/benchmarks.md): launches and
+# events (the 7.5 us floor of mc-bench --floor is inside), the prep, the
+# copies. Assumed not to grow with the world size (it does, a little: more
+# records to copy in).
+LOCAL_US = {"dispatch": {1: 24.3, 128: 30.6}, "combine": {1: 17.6, 128: 24.4}}
 
 # Figures other projects published, not measured here (EP16, 128 tokens, us).
 PUBLISHED = {
