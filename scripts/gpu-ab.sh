@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
-# gpu-ab.sh OLD_TREE [RANKS] - the same benchmark points for an older source
-# tree and this one, interleaved in one device call, so a change is measured
+# gpu-ab.sh TREE... - the same benchmark points for other copies of the source
+# and this one, interleaved in one device call, so a change is measured
 # against its baseline on the same machine and in the same minutes (runs on
-# different machines differ by a few us). OLD_TREE: a plain copy of the old
-# commit inside the repo, e.g. `git archive REV | tar -x -C ab-old`.
-# AB_POINTS: tokens per rank (default "1 32 128"); AB_VARIANTS: extra
-# environments for this tree, each timed too (e.g. "MC_TEST_STAGED=1"). A table last.
+# different machines, or minutes apart, differ by a few us). Each TREE is a
+# plain copy of a source tree inside the repo, e.g. one made by
+# `git archive REV | tar -x -C ab-old`; it is labelled by its folder's name,
+# this tree "new". Builds each (mc-bench, p2p only) in parallel, then runs
+# every point for every tree in turn, AB_REPS times (default 2).
+# AB_RANKS: ranks (default 2: one per GPU on a machine of two; more share
+# GPUs under MPS). AB_POINTS: what to time, of t1, t128, small (64 experts,
+# top-6, hidden 2048, 128 tokens), t4096, and t128h (halves apart); default
+# "t128 t1 small t128h". Everything else is timed whole (MC_SEND_RECV). The
+# JSON of every run goes to $OUT (default ./gpu-ab-out); a table last.
 set -uo pipefail
-old=$(cd "$1" && pwd) || exit 2; n=${2:-2}
+[ $# -ge 1 ] || { echo "usage: $0 TREE... (copies of the source to time against this one)"; exit 2; }
 out=${OUT:-$PWD/gpu-ab-out}
 mkdir -p "$out"
-cd "$(dirname "$0")/.."
-b() { cmake -S "$1" -B "$2" -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release > /dev/null &&
-      cmake --build "$2" --target mc-bench -j"$(( $(nproc) / 2 ))" > /dev/null; }
-b "$old" "$old/build-ab" > "$out/build-old.log" 2>&1 & b . build-ab > "$out/build-new.log" 2>&1 & wait
-[ -x "$old/build-ab/mc-bench" ] && [ -x build-ab/mc-bench ] || { tail -20 "$out"/build-*.log; echo "BUILD FAILED"; exit 1; }
-one() { # label bench env...
-  local label=$1 bin=$2 t=$3; shift 3
-  env "$@" timeout 60 scripts/mc-launch.sh "$n" -- "$bin" --transport p2p -n "$n" -t "$t" -r 200 -w 20 --json \
-    > "$out/ab-$label-t$t.json" 2>> "$out/ab.err"
+trees=()
+for t in "$@"; do d=$(cd "$t" && pwd) || exit 2; trees+=("$d"); done
+cd "$(dirname "$0")/.." || exit 2
+n=${AB_RANKS:-2}
+cfg="-DMC_CUDA=ON -DMC_NVSHMEM=OFF -DMC_BUILD_TESTS=OFF -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
+jobs=$(( $(nproc) / (${#trees[@]} + 1) )); [ "$jobs" -ge 1 ] || jobs=1
+b() { cmake -S "$1" -B "$2" $cfg > /dev/null && cmake --build "$2" --target mc-bench -j"$jobs" > /dev/null; }
+b . build-ab > "$out/build-new.log" 2>&1 &
+for t in "${trees[@]}"; do b "$t" "$t/build-ab" > "$out/build-$(basename "$t").log" 2>&1 & done
+wait
+labels=(new) bins=(build-ab/mc-bench)
+for t in "${trees[@]}"; do labels+=("$(basename "$t")"); bins+=("$t/build-ab/mc-bench"); done
+for bin in "${bins[@]}"; do [ -x "$bin" ] || { tail -20 "$out"/build-*.log; echo "BUILD FAILED: $bin"; exit 1; }; done
+run() { # label bench point
+  local a
+  case $3 in
+  t1) a="-t 1 --whole" ;; t128) a="-t 128 --whole" ;; t128h) a="-t 128" ;;
+  small) a="-t 128 -e 64 -k 6 --hidden 2048 --whole" ;; t4096) a="-t 4096 -r 50 -w 5 --whole" ;;
+  *) echo "unknown point $3"; return ;;
+  esac
+  timeout 120 scripts/mc-launch.sh "$n" -- "$2" --transport p2p -n "$n" -r 200 -w 20 --no-dense --json $a \
+    > "$out/ab-$1-$3-$4.json" 2>> "$out/ab.err"
 }
-for t in ${AB_POINTS:-1 32 128}; do
-  for rep in 1 2; do
-    one "old$rep" "$old/build-ab/mc-bench" "$t"
-    for v in ${AB_VARIANTS:-}; do one "$(echo "$v" | tr 'A-Z=' 'a-z-')$rep" build-ab/mc-bench "$t" "$v"; done
-    one "new$rep" build-ab/mc-bench "$t"
+for rep in $(seq "${AB_REPS:-2}"); do
+  for p in ${AB_POINTS:-t128 t1 small t128h}; do
+    for i in "${!bins[@]}"; do run "${labels[$i]}" "${bins[$i]}" "$p" "$rep"; done
   done
 done
 python3 - "$out" <<'PY'
@@ -34,6 +51,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
         l = json.load(open(f))["latency_us"]
     except Exception:
         print(os.path.basename(f), "unreadable"); continue
-    h = " ".join(f'{l[k]["median"]:6.1f}' for k in ("dispatch send", "dispatch recv", "combine send", "combine recv"))
+    h = " ".join(f'{l[k]["median"]:6.1f}' if k in l else "     -"
+                 for k in ("dispatch send", "dispatch recv", "combine send", "combine recv"))
     print(f'{os.path.basename(f)[3:-5]:28s} disp {l["dispatch"]["median"]:7.1f} comb {l["combine"]["median"]:7.1f}  halves {h}')
 PY
