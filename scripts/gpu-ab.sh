@@ -3,9 +3,10 @@
 # and this one, interleaved in one device call, so a change is measured
 # against its baseline on the same machine and in the same minutes (runs on
 # different machines, or minutes apart, differ by a few us). Each TREE is a
-# plain copy of a source tree inside the repo, e.g. one made by
-# `git archive REV | tar -x -C ab-old`; it is labelled by its folder's name,
-# this tree "new". Builds each (mc-bench, p2p only) in parallel, then runs
+# plain copy of a source tree inside the checkout (a device call carries the
+# checkout), under a folder git ignores, e.g. `mkdir -p build-trees/old &&
+# git archive REV | tar -x -C build-trees/old`; it is labelled by its
+# folder's name, this tree "new". Builds each (mc-bench, p2p only) in parallel, then runs
 # every point for every tree in turn, AB_REPS times (default 2).
 # AB_RANKS: ranks (default 2: one per GPU on a machine of two; more share
 # GPUs under MPS). AB_POINTS: what to time, of t1, t128, small (64 experts,
