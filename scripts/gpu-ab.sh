@@ -3,8 +3,8 @@
 # and this one, interleaved in one device call, so a change is measured
 # against its baseline on the same machine and in the same minutes (runs on
 # different machines, or minutes apart, differ by a few us). Each TREE is a
-# plain copy of a source tree inside the checkout (a device call carries the
-# checkout), under a folder git ignores, e.g. `mkdir -p build-trees/old &&
+# plain copy of a source tree, best under a folder git ignores, e.g.
+# `mkdir -p build-trees/old &&
 # git archive REV | tar -x -C build-trees/old`; it is labelled by its
 # folder's name, this tree "new". Builds each (mc-bench, p2p only) in parallel, then runs
 # every point for every tree in turn, AB_REPS times (default 2).
