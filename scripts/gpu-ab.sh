@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# gpu-ab.sh TREE... - the same benchmark points for other copies of the source
-# and this one, interleaved in one device call, so a change is measured
-# against its baseline on the same machine and in the same minutes (runs on
-# different machines, or minutes apart, differ by a few us). Each TREE is a
-# plain copy of a source tree, best under a folder git ignores, e.g.
-# `mkdir -p build-trees/old &&
-# git archive REV | tar -x -C build-trees/old`; it is labelled by its
-# folder's name, this tree "new". Builds each (mc-bench, p2p only) in parallel, then runs
-# every point for every tree in turn, AB_REPS times (default 2).
-# AB_RANKS: ranks (default 2: one per GPU on a machine of two; more share
-# GPUs under MPS). AB_POINTS: what to time, of t1, t128, small (64 experts,
-# top-6, hidden 2048, 128 tokens), t4096, and t128h (halves apart); default
-# "t128 t1 small t128h". Everything else is timed whole (MC_SEND_RECV). The
-# JSON of every run goes to $OUT (default ./gpu-ab-out); a table last.
+# gpu-ab.sh TREE... - the same benchmark points for other copies of the
+# source and this one, interleaved, so a change is measured against its
+# baseline on the same machine and in the same minutes (runs on different
+# machines, or minutes apart, differ by a few us). Each TREE is a plain copy
+# of a source tree, best under a folder git ignores, e.g.
+#   mkdir -p build-trees/old && git archive REV | tar -x -C build-trees/old
+# labelled by its folder's name; this tree is "new". Builds each (mc-bench,
+# p2p only) in parallel, then runs every point for every tree in turn,
+# AB_REPS times (default 2). AB_RANKS: ranks (default 2: one per GPU on a
+# machine of two; more share GPUs under MPS). AB_POINTS: what to time, of
+# t1, t128, small (64 experts, top-6, hidden 2048, 128 tokens), t4096, and
+# t128h (halves timed apart); default "t128 t1 small t128h"; the others are
+# timed whole (MC_SEND_RECV). The JSON of every run goes to $OUT (default
+# ./gpu-ab-out); a table last.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 TREE... (copies of the source to time against this one)"; exit 2; }
 out=${OUT:-$PWD/gpu-ab-out}
