@@ -359,6 +359,17 @@ typedef struct mc_a2a_stats {
  * first. Not for the hot path (it creates and synchronises a stream). */
 MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
 
+/* Tokens this rank received per local expert, summed over every dispatch
+ * since the handle was created or last reset: counts[l] for local expert l
+ * (global id rank * L + l; L = mc_a2a_num_local_experts), the sums of
+ * expert_count over those rounds. For expert-placement balancers. Kept
+ * where dispatch runs (on the device for GPU transports, so rounds replayed
+ * from a captured CUDA graph count too) and copied out here: synchronise the
+ * stream of the dispatches to be counted first. reset != 0 starts the sums
+ * again from zero after the copy. A refused round counts nothing. Not for
+ * the hot path (on a GPU: a copy and a stream synchronisation). */
+MC_API mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset);
+
 /* ---- benchmark support ------------------------------------------------- */
 
 /* The baseline the seed compares against: the transport's own dense

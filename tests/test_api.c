@@ -146,6 +146,63 @@ int test_a2a_config_rules(void) {
   return 0;
 }
 
+/* mc_a2a_get_expert_load: the sums of expert_count over the accepted
+ * rounds, a refused round adding nothing, reset, and its argument rules. */
+int test_expert_load(void) {
+  solo_t s;
+  MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = 6;
+  ac.num_experts = 8;
+  ac.experts_per_token = 2;
+  ac.token_bytes = 16;
+  ac.hidden = 8;
+  mc_a2a_t *a2a;
+  MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
+  const int L = mc_a2a_num_local_experts(a2a), cap = mc_a2a_expert_capacity(a2a);
+  MC_CHECK(L == 8);
+  _Alignas(16) unsigned char tok[6 * 16], x[8 * 64 * 16], y[8 * 64 * 8 * 4], out[6 * 8 * 4];
+  MC_CHECK((size_t)cap * 16 * L <= sizeof x);
+  memset(tok, 0x11, sizeof tok), memset(y, 0, sizeof y);
+  int32_t cnt[8], ids[6 * 2];
+  int64_t want[8] = {0}, got[8];
+  uint64_t r = mc_test_seed * 2654435761u + 1;
+  for (int round = 0; round < 5; round++) {
+    const int m = 1 + round % 6;
+    for (int t = 0; t < m; t++) { /* two distinct experts a token */
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      ids[2 * t] = (int)(r >> 33) % 8;
+      ids[2 * t + 1] = (ids[2 * t] + 1 + (int)(r >> 45) % 7) % 8;
+    }
+    if (round == 2) { /* refused before anything is sent: counts nothing */
+      ids[0] = 8;
+      MC_CHECK_RC(mc_dispatch(a2a, tok, NULL, ids, NULL, m, NULL, x, NULL, cnt, MC_SEND_RECV, NULL),
+                  MC_ERR_INVALID_ARG);
+      continue;
+    }
+    MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, ids, NULL, m, NULL, x, NULL, cnt, MC_SEND_RECV, NULL));
+    for (int l = 0; l < L; l++) want[l] += cnt[l];
+    MC_CHECK_OK(mc_combine(a2a, y, out, MC_SEND_RECV, NULL));
+    MC_CHECK_OK(mc_a2a_get_expert_load(a2a, got, 0));
+    for (int l = 0; l < L; l++) MC_CHECK_MSG(got[l] == want[l], "round %d expert %d: %lld, want %lld", round, l,
+                                             (long long)got[l], (long long)want[l]);
+  }
+  int64_t total = 0;
+  for (int l = 0; l < L; l++) total += want[l];
+  MC_CHECK(total == 2 * (1 + 2 + 4 + 5)); /* rounds 0, 1, 3, 4: m tokens of two experts each */
+  MC_CHECK_OK(mc_a2a_get_expert_load(a2a, got, 1)); /* the sums, then zero */
+  for (int l = 0; l < L; l++) MC_CHECK(got[l] == want[l]);
+  MC_CHECK_OK(mc_a2a_get_expert_load(a2a, got, 0));
+  for (int l = 0; l < L; l++) MC_CHECK(got[l] == 0);
+  MC_CHECK_RC(mc_a2a_get_expert_load(a2a, NULL, 0), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "counts is NULL") != NULL);
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
+  MC_CHECK_RC(mc_a2a_get_expert_load(a2a, got, 0), MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_a2a_get_expert_load(NULL, got, 0), MC_ERR_INVALID_ARG);
+  solo_close(&s);
+  return 0;
+}
+
 typedef struct three {
   mc_oob_threads_t *g;
   int rank;

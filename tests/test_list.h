@@ -4,6 +4,7 @@
 MC_TEST(version_and_strings)
 MC_TEST(comm_rules)
 MC_TEST(a2a_config_rules)
+MC_TEST(expert_load)
 MC_TEST(experts_not_divisible)
 MC_TEST(create_destroy_loop)
 MC_TEST(dtype_conversions)

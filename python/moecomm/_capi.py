@@ -111,6 +111,7 @@ _PROTOS = {
     "mc_combine": (_r, [_vp, _vp, _vp, C.c_uint, _vp]),
     "mc_a2a_check": (_r, [_vp]),
     "mc_a2a_get_stats": (_r, [_vp, C.POINTER(A2AStats)]),
+    "mc_a2a_get_expert_load": (_r, [_vp, _vp, _i]),
     "mc_comm_bench_dense_alltoall": (_r, [_vp, C.c_size_t, _i, _i, C.POINTER(C.c_float)]),
 }
 

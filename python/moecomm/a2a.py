@@ -109,6 +109,18 @@ class AllToAll:
         check(lib.mc_a2a_get_stats(self._h, C.byref(st)), self.last_error)
         return {name: getattr(st, name) for name, _ in _capi.A2AStats._fields_ if name != "size"}
 
+    def get_expert_load(self, reset=False):
+        """mc_a2a_get_expert_load: tokens received per local expert, summed
+        over the dispatches since create or the last reset (int64, one per
+        local expert; a CPU torch tensor on a GPU transport, numpy on the
+        cpu one). Synchronise the dispatches' stream first."""
+        counts = np.zeros(self.num_local_experts, np.int64)
+        check(lib.mc_a2a_get_expert_load(self._h, counts.ctypes.data, 1 if reset else 0), self.last_error)
+        if self._dev is None:
+            return counts
+        import torch
+        return torch.from_numpy(counts)
+
     # ---- output allocation (once, not per call): numpy on the cpu
     # transport, torch CUDA tensors on the comm's device on a GPU one ----
     def _empty(self, shape, dtype, zero=False):

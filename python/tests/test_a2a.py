@@ -38,13 +38,17 @@ def test_rounds_match_reference(rng, ws, gs, in_dt, out_dt, sf, bound, split):
             bufs = _bufs(a2a, sf)
             got = [one_round(a2a, rank, groups[rank // gs], bufs, split) for groups in groups_per_round]
             stats = a2a.get_stats()
-        return got, stats, a2a.num_local_experts
+            load, after_reset = a2a.get_expert_load(reset=True), a2a.get_expert_load()
+        return got, stats, a2a.num_local_experts, load, after_reset
 
     results = run_threads(ws, rank_fn, group_size=gs)
-    for rank, (got, stats, L) in enumerate(results):
+    for rank, (got, stats, L, load, after_reset) in enumerate(results):
         assert stats["rounds"] == rounds
         for groups, g in zip(groups_per_round, got):
             check_rank(groups, rank, gs, L, g, in_dt, out_dt)
+        # per-expert load: the rounds' counts (checked above) summed, then zero after the reset
+        assert load.dtype == np.int64 and list(load) == list(sum(g[0].astype(np.int64) for g in got))
+        assert not after_reset.any()
 
 
 def test_python_allgather_callback(rng):

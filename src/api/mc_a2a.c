@@ -196,6 +196,12 @@ mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats) {
   return MC_SUCCESS;
 }
 
+mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset) {
+  NEED_LIVE_A2A(a2a, "mc_a2a_get_expert_load");
+  if (!counts) return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "mc_a2a_get_expert_load: counts is NULL");
+  return a2a->ops->expert_load(a2a, counts, reset);
+}
+
 /* A pointer rule: required (unless allowed NULL) and aligned. */
 static mc_result_t check_ptr(mc_a2a_t *a2a, const char *call, const char *name, const void *p,
                              int required, size_t align) {

@@ -92,6 +92,8 @@ struct mc_transport_ops {
   mc_result_t (*barrier)(mc_a2a_t *a2a, void *stream); /* optional: else a host barrier */
   /* optional: the dense all-to-all baseline of mc_comm_bench_dense_alltoall */
   mc_result_t (*dense_alltoall)(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup, float *times_us);
+  /* copy the workspace's per-expert load (mc_ws_load_off) out, then zero it if reset */
+  mc_result_t (*expert_load)(mc_a2a_t *a2a, int64_t *counts, int reset);
 };
 
 /* The table for a transport this build has, or NULL. */

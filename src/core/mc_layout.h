@@ -269,10 +269,15 @@ MC_HD uint64_t mc_ws_rowdone_off(const mc_shape_t *s) { return mc_ws_round_off(s
 MC_HD uint64_t mc_ws_pcount_off(const mc_shape_t *s) {
   return mc_ws_rowdone_off(s) + mc_align_up((uint64_t)s->world_size * mc_src_cap(s) * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+/* uint64[L]: tokens received per local expert over every accepted dispatch
+ * since create or the last reset (mc_a2a_get_expert_load) */
+MC_HD uint64_t mc_ws_load_off(const mc_shape_t *s) {
   const uint64_t chunks = ((uint64_t)s->max_tokens + MC_PREP_MIN_CHUNK - 1) / MC_PREP_MIN_CHUNK;
   return mc_ws_pcount_off(s) +
          mc_align_up(chunks * ((uint64_t)s->num_experts + 2u * s->world_size) * sizeof(uint32_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_load_off(s) + mc_align_up((uint64_t)mc_num_local_experts(s) * sizeof(uint64_t), MC_ALIGN);
 }
 
 #endif /* MC_LAYOUT_H */

@@ -190,6 +190,8 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     if (args->expert_count[l] > cap)
       return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: local expert %d got %d tokens > capacity %d",
                      l, args->expert_count[l], cap);
+  uint64_t *load = mc_cpu_ws(a2a, mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
+  for (int l = 0; l < L; l++) load[l] += (uint64_t)args->expert_count[l];
 
   /* 2. Each source's records, in order, into their slots. */
   c->n_route = 0;

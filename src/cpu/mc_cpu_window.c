@@ -208,6 +208,15 @@ static void cpu_a2a_destroy(mc_a2a_t *a2a) { release_all(a2a); }
 /* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
 static int cpu_usable(void) { return 1; }
 
+static mc_result_t cpu_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset) {
+  uint64_t *load = mc_cpu_ws(a2a, mc_ws_load_off(&a2a->shape));
+  for (int l = 0; l < mc_num_local_experts(&a2a->shape); l++) {
+    counts[l] = (int64_t)load[l];
+    if (reset) load[l] = 0;
+  }
+  return MC_SUCCESS;
+}
+
 const mc_transport_ops_t mc_cpu_ops = {
     .id = MC_TRANSPORT_CPU,
     .name = "cpu",
@@ -218,4 +227,5 @@ const mc_transport_ops_t mc_cpu_ops = {
     .dispatch_recv = mc_cpu_dispatch_recv,
     .combine_send = mc_cpu_combine_send,
     .combine_recv = mc_cpu_combine_recv,
+    .expert_load = cpu_expert_load,
 };

@@ -247,6 +247,21 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
  * own: no device-wide synchronisation, which with ranks that are threads of
  * one process on one GPU would wait for a peer's receiver that waits for
  * this thread's next send (the caller synchronises its own stream first). */
+mc_result_t mc_gpu_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset) {
+  mc_gpu_t *g = a2a->impl;
+  const size_t bytes = sizeof(uint64_t) * (size_t)mc_num_local_experts(&a2a->shape);
+  unsigned char *load = g->ws + mc_ws_load_off(&a2a->shape);
+  cudaStream_t s;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return mc_fail(a2a->err, MC_ERR_CUDA, "mc_a2a_get_expert_load: %s", cudaGetErrorString(e));
+  e = cudaMemcpyAsync(counts, load, bytes, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess && reset) e = cudaMemsetAsync(load, 0, bytes, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  return e == cudaSuccess ? MC_SUCCESS
+                          : mc_fail(a2a->err, MC_ERR_CUDA, "mc_a2a_get_expert_load: %s", cudaGetErrorString(e));
+}
+
 void mc_gpu_refresh_stats(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   uint64_t st[MC_WS_NSTATS];

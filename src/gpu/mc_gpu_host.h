@@ -46,6 +46,8 @@ mc_result_t mc_gpu_check(mc_a2a_t *a2a);
  * the test suite forces system scope (mc_testing.h); g->alone when no other
  * rank runs on this GPU; and g->grid, smaller where other ranks share it. */
 mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a);
+/* mc_a2a_get_expert_load: the workspace's sums out, then zeroed if reset. */
+mc_result_t mc_gpu_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset);
 /* Copy the device-side counters into a2a->stats (synchronises the device). */
 void mc_gpu_refresh_stats(mc_a2a_t *a2a);
 /* 1 if this process sees at least one CUDA device. */

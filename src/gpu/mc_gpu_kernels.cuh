@@ -249,6 +249,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
     else prefix[src + 1] = v;
   }
   __syncthreads();
+  uint64_t *load = (uint64_t *)(a.ws + mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
   for (int l = tid; l < L; l += blockDim.x) {
     uint32_t run = 0;
     for (int src = 0; src < W; src++) {
@@ -256,7 +257,10 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
       base[src * L + l] = run;
       run += n;
     }
-    if (blockIdx.x == 0) a.expert_count[l] = (int32_t)run;
+    if (blockIdx.x == 0) {
+      a.expert_count[l] = (int32_t)run;
+      load[l] += run;
+    }
   }
   if (tid == 0) {
     prefix[0] = 0;

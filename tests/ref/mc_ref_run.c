@@ -68,6 +68,7 @@ typedef struct rank_st {
   dbufs_t d;
   uint64_t round;
   size_t xbytes, sbytes, ybytes, obytes;
+  int64_t *load; /* [2][L]: mc_a2a_get_expert_load before and after a checked round */
 } rank_st_t;
 
 /* A library call that must succeed: on failure record it and return -1
@@ -94,7 +95,8 @@ static int rank_setup(rank_st_t *st) {
     mc_rr_fail(st->me, 0, "rank %d: no CUDA device for a GPU transport", st->rank);
     return -1;
   }
-  if (mc_rr_alloc_bufs(c, &st->b) != 0 || mc_rr_alloc_dbufs(c, st->gpu, o->ids64, &st->b, &st->d) != 0) {
+  st->load = calloc(2 * (size_t)mc_ref_local_experts(c), sizeof *st->load);
+  if (!st->load || mc_rr_alloc_bufs(c, &st->b) != 0 || mc_rr_alloc_dbufs(c, st->gpu, o->ids64, &st->b, &st->d) != 0) {
     mc_rr_fail(st->me, 0, "rank %d: out of memory for the test buffers", st->rank);
     return -1;
   }
@@ -227,8 +229,10 @@ static int round_combine(rank_st_t *st, int one_call) {
   return 0;
 }
 
-/* A checked round's end: the combined rows against the reference, and the
- * library's count of records sent against one per (token, rank). */
+/* A checked round's end: the combined rows against the reference, the
+ * library's count of records sent against one per (token, rank), and its
+ * per-expert load sums grown by this round's expert_count (checked against
+ * the reference already). */
 static int round_check_combine(rank_st_t *st, const mc_input_t *in, const mc_a2a_stats_t *before) {
   if (st->gpu && mc_dev_get(1, st->b.out, st->d.out, st->obytes)) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: downloading combine output failed", (unsigned long long)st->round,
@@ -244,6 +248,15 @@ static int round_check_combine(rank_st_t *st, const mc_input_t *in, const mc_a2a
   if (got != want)
     mc_rr_fail(st->me, 0, "round %llu rank %d: sent %llu dispatch records, one per (token, rank) is %llu",
                (unsigned long long)st->round, st->rank, (unsigned long long)got, (unsigned long long)want);
+  const int L = mc_ref_local_experts(st->c);
+  int64_t *load0 = st->load, *load1 = st->load + L;
+  API(st, mc_a2a_get_expert_load(st->a2a, load1, 0));
+  for (int l = 0; l < L; l++)
+    if (load1[l] - load0[l] != st->b.count[l]) {
+      mc_rr_fail(st->me, 0, "round %llu rank %d: expert load of local expert %d grew by %lld, expert_count is %d",
+                 (unsigned long long)st->round, st->rank, l, (long long)(load1[l] - load0[l]), st->b.count[l]);
+      break;
+    }
   return 0;
 }
 
@@ -260,7 +273,10 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
   if (round_inputs(st, check, ci) != 0) return -1;
   const mc_input_t *in = &st->b.ins[st->rank / st->c->group_size];
   mc_a2a_stats_t before = {.size = sizeof before};
-  if (check) mc_a2a_get_stats(st->a2a, &before);
+  if (check) {
+    mc_a2a_get_stats(st->a2a, &before);
+    API(st, mc_a2a_get_expert_load(st->a2a, st->load, 0));
+  }
   if (o->inject_bad &&
       mc_rr_inject_bad_calls(st->c, st->a2a, in, ci, &st->b, &st->d, st->rank, st->round, st->me))
     return -1;
@@ -360,6 +376,7 @@ static void rank_teardown(rank_st_t *st) {
     for (int h = 0; h < st->nh; h++) mc_a2a_destroy(st->hs[h]);
   if (st->comm && !(gpu && me->failed) && mc_comm_destroy(st->comm) != MC_SUCCESS)
     mc_rr_fail(me, 0, "rank %d: mc_comm_destroy failed", st->rank);
+  free(st->load);
   mc_rr_free_dbufs(&st->d, &st->b);
   mc_rr_free_bufs(&st->b, mc_ref_num_groups(st->c));
 }
