@@ -50,6 +50,17 @@ static void solo_close(solo_t *s) {
   mc_oob_threads_destroy(s->g);
 }
 
+/* A small valid config (no scales, bf16 combine). */
+static mc_a2a_config_t small_config(int max_tokens, int experts, int topk, size_t token_bytes, int hidden) {
+  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
+  ac.max_tokens = max_tokens;
+  ac.num_experts = experts;
+  ac.experts_per_token = topk;
+  ac.token_bytes = token_bytes;
+  ac.hidden = hidden;
+  return ac;
+}
+
 int test_comm_rules(void) {
   mc_oob_threads_t *g;
   MC_CHECK_OK(mc_oob_threads_create(4, 1000, &g));
@@ -88,13 +99,8 @@ int test_a2a_config_rules(void) {
   solo_t s;
   MC_CHECK(solo_open(&s, 1) == 0);
   MC_CHECK(mc_comm_transport(s.comm) == MC_TRANSPORT_CPU); /* auto without a GPU */
-  mc_a2a_config_t good = MC_A2A_CONFIG_INITIALIZER;
-  good.max_tokens = 8;
-  good.num_experts = 8;
-  good.experts_per_token = 2;
-  good.token_bytes = 64;
+  mc_a2a_config_t good = small_config(8, 8, 2, 64, 16);
   good.scale_bytes = 8;
-  good.hidden = 16;
   mc_a2a_t *a2a = (mc_a2a_t *)1;
   /* each broken rule: the code, and a message naming the field and value */
   mc_a2a_config_t c;
@@ -151,12 +157,7 @@ int test_a2a_config_rules(void) {
 int test_expert_load(void) {
   solo_t s;
   MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
-  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
-  ac.max_tokens = 6;
-  ac.num_experts = 8;
-  ac.experts_per_token = 2;
-  ac.token_bytes = 16;
-  ac.hidden = 8;
+  mc_a2a_config_t ac = small_config(6, 8, 2, 16, 8);
   mc_a2a_t *a2a;
   MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
   const int L = mc_a2a_num_local_experts(a2a), cap = mc_a2a_expert_capacity(a2a);
@@ -218,12 +219,7 @@ static void *three_main(void *arg) {
   mc_oob_threads_get(t->g, t->rank, &oob);
   t->rc = mc_comm_create(&oob, &cc, &comm);
   if (t->rc != MC_SUCCESS) return NULL;
-  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
-  ac.max_tokens = 4;
-  ac.num_experts = 8; /* not a multiple of 3 ranks */
-  ac.experts_per_token = 2;
-  ac.token_bytes = 16;
-  ac.hidden = 8;
+  mc_a2a_config_t ac = small_config(4, 8, 2, 16, 8); /* 8 experts: not a multiple of 3 ranks */
   mc_a2a_t *a2a = NULL;
   t->rc = mc_a2a_create(comm, &ac, &a2a);
   snprintf(t->msg, sizeof t->msg, "%s", mc_comm_last_error(comm));
@@ -255,12 +251,7 @@ int test_create_destroy_loop(void) {
    * (run under ASan/valgrind in CI) */
   solo_t s;
   MC_CHECK(solo_open(&s, 1) == 0);
-  mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
-  ac.max_tokens = 16;
-  ac.num_experts = 32;
-  ac.experts_per_token = 4;
-  ac.token_bytes = 256;
-  ac.hidden = 64;
+  mc_a2a_config_t ac = small_config(16, 32, 4, 256, 64);
   for (int i = 0; i < 200; i++) {
     mc_a2a_t *h[3];
     for (int j = 0; j < 3; j++) MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &h[j]));
