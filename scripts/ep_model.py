@@ -75,8 +75,8 @@ MEASURED = [
 BYTE_TOLERANCE = 0.005
 # `mc-bench --sizes` (-t 128, then -t 1), same build and date: window + workspace per rank, EP1..EP256.
 MEASURED_SIZES = {
-    128: [5649432, 10294968, 19586040, 38168216, 75332568, 149661272, 298318680, 595635544, 1190261080],
-    1: [77928, 114344, 187192, 332936, 624424, 1207400, 2373352, 4707304, 9367016],
+    128: [5651480, 10295992, 19586552, 38168472, 75332696, 149661336, 298318712, 595635560, 1190261096],
+    1: [79976, 115368, 187704, 333192, 624552, 1207464, 2373384, 4707320, 9367032],
 }
 
 
@@ -120,7 +120,8 @@ def workspace_bytes(s, world, tokens):
     o += align16(s["hidden"] * 4) + align16(src_cap * k * 4)  # acc, ridx
     o += align16(9 * 4) + 4 * 8 + 8  # scalars, stats, round
     o += align16(world * src_cap * 4)  # rowdone
-    return o + align16(-(-tokens // 32) * (E + 2 * world) * 4)  # pcount
+    o += align16(-(-tokens // 32) * (E + 2 * world) * 4)  # pcount
+    return o + align16(L * 8)  # expert load
 
 
 # ---- routing ----
