@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "mc_dtype.h"
+#include "mc_quant.h"
+#include "mc_ref.h"
 #include "mc_test.h"
 
 static uint16_t f16_bits(_Float16 h) {
@@ -70,5 +72,91 @@ int test_dtype_conversions(void) {
     else
       MC_CHECK_MSG(gotb == wantb, "0x%08x (%g): bf16 0x%04x, by definition 0x%04x", u, f, gotb, wantb);
   }
+  return 0;
+}
+
+/* ---- fp8 e4m3 and block quantisation (src/core/mc_quant.h) against the
+ * reference written apart from it (tests/ref/mc_ref_quant.c) ---- */
+
+/* Every bf16 value, and every float at and around each midpoint between
+ * two neighbouring e4m3 values (where ties-to-even decides), converts to
+ * the same code both ways; and every code decodes to a value that converts
+ * back to itself. */
+int test_quant_e4m3(void) {
+  for (uint32_t h = 0; h < 0x10000u; h++) {
+    const float f = mc_bf16_to_f32((uint16_t)h);
+    MC_CHECK_MSG(mc_f32_to_e4m3(f) == mc_ref_e4m3(f), "bf16 0x%04x (%g): 0x%02x, reference 0x%02x", h, f,
+                 mc_f32_to_e4m3(f), mc_ref_e4m3(f));
+  }
+  for (int c = 0; c < 0x7E; c++) {
+    const float lo = mc_e4m3_to_f32((uint8_t)c), hi = mc_e4m3_to_f32((uint8_t)(c + 1));
+    MC_CHECK(mc_f32_to_e4m3(lo) == c && mc_f32_to_e4m3(-lo) == (0x80 | c));
+    const float mid = (float)(((double)lo + (double)hi) / 2); /* exact: e4m3 values are short */
+    const float near[] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, 1e9f)};
+    for (int i = 0; i < 3; i++)
+      MC_CHECK_MSG(mc_f32_to_e4m3(near[i]) == mc_ref_e4m3(near[i]) && mc_f32_to_e4m3(-near[i]) == mc_ref_e4m3(-near[i]),
+                   "%a: 0x%02x, reference 0x%02x", near[i], mc_f32_to_e4m3(near[i]), mc_ref_e4m3(near[i]));
+    MC_CHECK_MSG(mc_f32_to_e4m3(mid) == ((c & 1) ? c + 1 : c), "the tie %a between 0x%02x and 0x%02x", mid, c, c + 1);
+  }
+  MC_CHECK(mc_f32_to_e4m3(448.0f) == 0x7E && mc_f32_to_e4m3(1e30f) == 0x7E && mc_f32_to_e4m3(-INFINITY) == 0xFE);
+  MC_CHECK(mc_f32_to_e4m3(NAN) == 0x7F && mc_f32_to_e4m3(-0.0f) == 0x80 && mc_f32_to_e4m3(0x1p-10f) == 0x00);
+  MC_CHECK(isnan(mc_e4m3_to_f32(0x7F)) && isnan(mc_e4m3_to_f32(0xFF)) && mc_e4m3_to_f32(0x01) == 0x1p-9f);
+  uint64_t r = mc_test_seed | 1;
+  for (int i = 0; i < 1000000; i++) { /* random floats of every magnitude */
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    const float f = mc_bits_f32((uint32_t)(r >> 20));
+    MC_CHECK_MSG(mc_f32_to_e4m3(f) == mc_ref_e4m3(f), "%a: 0x%02x, reference 0x%02x", f, mc_f32_to_e4m3(f),
+                 mc_ref_e4m3(f));
+  }
+  return 0;
+}
+
+/* Random blocks (magnitudes from tiny to huge, with zeros, NaN and Inf
+ * among them, and all-zero blocks) quantise to the same bytes and scales as
+ * the reference, in both scale formats; and dequantised values are within
+ * half an e4m3 step of the input (where no value saturated). */
+int test_quant_blocks(void) {
+  uint64_t r = mc_test_seed * 0x9E3779B97F4A7C15ull + 1;
+  uint16_t x[MC_QBLOCK];
+  uint8_t q[MC_QBLOCK], qr[MC_QBLOCK], sr[4];
+  for (int b = 0; b < 20000; b++) {
+    const int n = 1 + (int)(mc_ref_rand(&r) % MC_QBLOCK), mag = (int)(mc_ref_rand(&r) % 254) + 1;
+    const int kind = (int)(mc_ref_rand(&r) % 8);
+    for (int i = 0; i < n; i++) {
+      /* bf16 with exponent near `mag` (a block's values share a scale) */
+      const uint32_t e = (uint32_t)(mag - (int)(mc_ref_rand(&r) % 12));
+      x[i] = (uint16_t)((mc_ref_rand(&r) & 0x807fu) | ((e > 0 && e < 255 ? e : 0u) << 7));
+      if (kind == 0) x[i] = 0;
+      if (kind == 1 && i % 17 == 3) x[i] = 0x7fc0;                   /* NaN */
+      if (kind == 2 && i % 29 == 5) x[i] = (i & 1) ? 0xff80 : 0x7f80; /* -Inf, +Inf */
+    }
+    for (int ue = 0; ue <= 1; ue++) {
+      uint8_t s8 = 0;
+      float sf = 0.0f;
+      if (ue) s8 = mc_quant_block_ue8m0(x, n, q);
+      else sf = mc_quant_block_fp32(x, n, q);
+      mc_ref_quant_block(x, n, ue, qr, sr);
+      MC_CHECK_MSG(memcmp(q, qr, (size_t)n) == 0, "block %d (n %d, %s): e4m3 bytes differ from the reference", b, n,
+                   ue ? "ue8m0" : "fp32");
+      MC_CHECK_MSG(ue ? s8 == sr[0] : memcmp(&sf, sr, 4) == 0, "block %d (%s): scale differs from the reference", b,
+                   ue ? "ue8m0" : "fp32");
+      const float s = ue ? ldexpf(1.0f, (int)s8 - 127) : sf;
+      for (int i = 0; i < n; i++) {
+        const double v = mc_bf16_to_f32(x[i]), d = (double)mc_e4m3_to_f32(q[i]) * s; /* double: no overflow */
+        if (!isfinite(v) || (q[i] & 0x7F) == 0x7E) continue;
+        /* half a step of e4m3 near |v / s|, or of its subnormals (2^-10), times s */
+        const double step = fmax(fabs(v / s) / 16.0, 0x1p-10) * s;
+        MC_CHECK_MSG(fabs(d - v) <= step * 1.0001, "block %d value %d: %g -> %g (scale %g)", b, i, v, d, (double)s);
+      }
+    }
+  }
+  /* a block of zeros: scale 1 (fp32) or 2^0 (byte 127), codes 0 */
+  memset(x, 0, sizeof x);
+  MC_CHECK(mc_quant_block_fp32(x, MC_QBLOCK, q) == 1.0f && q[0] == 0 && q[MC_QBLOCK - 1] == 0);
+  MC_CHECK(mc_quant_block_ue8m0(x, MC_QBLOCK, q) == 127);
+  /* amax exactly 448 * 2^k: scale 2^k, the value itself the largest code */
+  x[5] = mc_f32_to_bf16(448.0f * 4.0f);
+  MC_CHECK(mc_quant_block_ue8m0(x, MC_QBLOCK, q) == 129 && q[5] == 0x7E);
+  MC_CHECK(mc_quant_block_fp32(x, MC_QBLOCK, q) == 4.0f && q[5] == 0x7E);
   return 0;
 }

@@ -8,6 +8,8 @@ MC_TEST(expert_load)
 MC_TEST(experts_not_divisible)
 MC_TEST(create_destroy_loop)
 MC_TEST(dtype_conversions)
+MC_TEST(quant_e4m3)
+MC_TEST(quant_blocks)
 /* the protocol against the reference model */
 MC_TEST(random_configs)
 MC_TEST(world_sizes)

@@ -77,4 +77,10 @@ void mc_ref_deepseek_case(int world_size, int tokens, mc_case_t *c);
 /* Short description for messages. */
 void mc_ref_describe(const mc_case_t *c, char *buf, size_t n);
 
+/* The reference quantiser (src/core/mc_quant.h states the rules): one float
+ * to e4m3; one block of n bf16 values to n e4m3 bytes and its scale (fp32:
+ * 4 bytes; ue8m0: 1 byte, the biased exponent). */
+uint8_t mc_ref_e4m3(float x);
+void mc_ref_quant_block(const uint16_t *x, int n, int ue8m0, uint8_t *q, uint8_t *scale);
+
 #endif

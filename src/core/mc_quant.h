@@ -1,0 +1,103 @@
+/* mc_quant.h - bf16 -> fp8 e4m3 in blocks of 128 values with one scale a
+ * block, in plain bit arithmetic, host and device (MC_HD), so that every
+ * transport quantises identically. tests/ref/mc_ref_quant.c is an
+ * independent implementation of the same rules, and the tests check that
+ * the two agree bit for bit.
+ *
+ * The format: OCP fp8 e4m3 ("e4m3fn"): sign, 4 exponent bits (bias 7), 3
+ * mantissa bits; no infinities; largest finite 448 (0x7E); NaN 0x7F (with
+ * either sign); subnormals down to 2^-9.
+ *
+ * The rules, for a block of bf16 values x[0..n):
+ * - amax: the largest |x| over the finite values (NaN and +-Inf skipped);
+ * - fp32 scale: s = amax / 448, one IEEE division rounded to nearest even;
+ *   s = 1 where amax is 0 (or no value is finite);
+ * - UE8M0 scale: s = 2^e, e the smallest integer with 448 * 2^e >= amax,
+ *   at least -127 (at most 120 for a finite bf16 amax), e = 0 where amax is
+ *   0; stored as the byte e + 127
+ *   (the biased exponent of s as a float: what block-scaled fp8 matrix
+ *   multiplies on Blackwell read);
+ * - each value: q = x / s, one IEEE division rounded to nearest even (for
+ *   UE8M0, the exact multiplication by 2^-e), then e4m3 by round to nearest,
+ *   ties to even; |q| > 448 saturates to +-448 (so do +-Inf); NaN gives 0x7F;
+ *   -0 gives 0x80. Dequantised: x ~ e4m3(q) * s. */
+#ifndef MC_QUANT_H
+#define MC_QUANT_H
+
+#include <stdint.h>
+
+#include "mc_dtype.h"
+
+#define MC_QBLOCK 128       /* values per scale */
+#define MC_E4M3_MAX 448.0f  /* largest finite e4m3 value */
+#define MC_E4M3_NAN 0x7Fu
+
+/* float -> e4m3, round to nearest even, saturating. */
+MC_HD uint8_t mc_f32_to_e4m3(float x) {
+  const uint32_t u = mc_f32_bits(x), a = u & 0x7fffffffu;
+  const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  if (a > 0x7f800000u) return MC_E4M3_NAN;
+  if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7Eu); /* >= 448 (0x43e00000), Inf included */
+  const int exp = (int)(a >> 23) - 127;               /* a float subnormal (field 0) reads as -127 */
+  const uint32_t mant = (a & 0x7fffffu) | (a >> 23 ? 0x800000u : 0u); /* with the implicit 1 */
+  if (exp >= -6) { /* an e4m3 normal: keep 3 of the 23 fraction bits */
+    uint32_t r = (mant >> 20) & 7u, rem = mant & 0xfffffu, e = (uint32_t)(exp + 7);
+    if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) r++;
+    if (r == 8u) r = 0, e++; /* rounded up into the next binade (at most 448: a < 448) */
+    return (uint8_t)(sign | (e << 3) | r);
+  }
+  /* an e4m3 subnormal: q units of 2^-9, q = mant * 2^(exp - 23 + 9) rounded */
+  const int shift = 14 - exp; /* >= 21 */
+  if (shift > 24 || !(a >> 23)) return sign; /* below 2^-10, half the smallest step: rounds to 0 */
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return (uint8_t)(sign | q); /* q == 8 is 2^-6, the smallest normal: code 0x08 */
+}
+
+/* e4m3 -> float (exact). */
+MC_HD float mc_e4m3_to_f32(uint8_t c) {
+  const uint32_t e = (c >> 3) & 15u, m = c & 7u;
+  if ((c & 0x7Fu) == MC_E4M3_NAN) return mc_bits_f32(0x7fc00000u);
+  const float v = e ? mc_bits_f32(((e + 120u) << 23) | (m << 20)) : (float)m * mc_bits_f32(0x3b000000u); /* 2^-9 */
+  return (c & 0x80u) ? -v : v;
+}
+
+/* amax over the finite values of n bf16 values */
+MC_HD float mc_quant_amax(const uint16_t *x, int n) {
+  uint32_t amax = 0;
+  for (int i = 0; i < n; i++) {
+    const uint32_t a = ((uint32_t)x[i] << 16) & 0x7fffffffu;
+    if (a < 0x7f800000u && a > amax) amax = a;
+  }
+  return mc_bits_f32(amax);
+}
+
+/* The UE8M0 exponent of a block whose amax is `amax`: the smallest e with
+ * 448 * 2^e >= amax. amax = 1.f * 2^E: 448 = 1.75 * 2^8, so e = E - 8,
+ * or E - 7 where 1.f > 1.75. */
+MC_HD int mc_ue8m0_exp(float amax) {
+  const uint32_t a = mc_f32_bits(amax);
+  if (a == 0) return 0;
+  if (!(a >> 23)) return -127; /* a float subnormal: far below 448 * 2^-127 */
+  const int e = (int)(a >> 23) - 127 - 8 + ((a & 0x7fffffu) > 0x600000u);
+  return e < -127 ? -127 : e;
+}
+
+/* One block of n <= MC_QBLOCK bf16 values into n e4m3 bytes; the scale as
+ * a float (fp32 format) or as its biased exponent byte (UE8M0). */
+MC_HD float mc_quant_block_fp32(const uint16_t *x, int n, uint8_t *q) {
+  const float amax = mc_quant_amax(x, n);
+  const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
+  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
+  return s;
+}
+MC_HD uint8_t mc_quant_block_ue8m0(const uint16_t *x, int n, uint8_t *q) {
+  const int e = mc_ue8m0_exp(mc_quant_amax(x, n));
+  /* 2^-e as a float, a normal: e <= 120 for any finite bf16 amax (3.4e38) */
+  const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
+  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) * inv);
+  return (uint8_t)(e + 127);
+}
+
+#endif
