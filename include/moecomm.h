@@ -45,7 +45,7 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define MC_VERSION_MAJOR 0
-#define MC_VERSION_MINOR 2
+#define MC_VERSION_MINOR 3
 #define MC_VERSION_PATCH 0
 /* One integer that compares in release order: 0.1.0 -> 100. */
 #define MC_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
@@ -107,6 +107,28 @@ typedef enum mc_index_dtype {
   MC_INDEX_INT32 = 0,
   MC_INDEX_INT64 = 1
 } mc_index_dtype_t;
+
+/* What mc_dispatch's tokens are. MC_INPUT_BYTES: opaque payload, sent as
+ * it is (token_bytes a token, with scale_bytes of scales beside it).
+ * MC_INPUT_BF16_TO_E4M3: bf16 activations, hidden values a token, which the
+ * send half quantises to fp8 e4m3 in blocks of 128 values with one scale a
+ * block (config->scale_format), so that no separate quantisation kernel runs;
+ * expert_x then holds the e4m3 bytes and expert_scale the scales. The rules
+ * (rounding, saturation at 448, NaN) are in docs/api.md. The cpu transport
+ * quantises; the GPU transports refuse it at create (MC_ERR_UNSUPPORTED) for
+ * now. */
+typedef enum mc_dispatch_input {
+  MC_INPUT_BYTES = 0,
+  MC_INPUT_BF16_TO_E4M3 = 1
+} mc_dispatch_input_t;
+
+/* The per-block scale of MC_INPUT_BF16_TO_E4M3: an fp32 (4 bytes), or a
+ * power of two stored as its biased exponent byte ("UE8M0", 1 byte: what
+ * block-scaled fp8 matrix multiplies on Blackwell read). */
+typedef enum mc_scale_format {
+  MC_SCALE_FP32 = 0,
+  MC_SCALE_UE8M0 = 1
+} mc_scale_format_t;
 
 /* Size in bytes of one element (4, 2, 2); 0 for an unknown value. */
 MC_API size_t mc_dtype_size(mc_dtype_t dtype);
@@ -226,18 +248,23 @@ typedef struct mc_a2a_config {
   int max_tokens;             /* most tokens one group feeds into one call (>= 1) */
   int num_experts;            /* global experts; divisible by world_size */
   int experts_per_token;      /* top-k, 1..MC_MAX_TOPK */
-  size_t token_bytes;         /* payload bytes per token; multiple of 16 */
-  size_t scale_bytes;         /* scale bytes per token; multiple of 4; 0 = no scales */
+  size_t token_bytes;         /* payload bytes per token (in expert_x); multiple of 16;
+                                 hidden when dispatch quantises */
+  size_t scale_bytes;         /* scale bytes per token; multiple of 4; 0 = no scales;
+                                 hidden / 128 x 4 (fp32) or x 1 (UE8M0) when quantising */
   int hidden;                 /* combine row length in elements; multiple of 8 */
   mc_dtype_t combine_in_dtype;  /* dtype of expert_y, and of rows on the wire */
   mc_dtype_t combine_out_dtype; /* dtype of out */
   mc_index_dtype_t index_dtype; /* dtype of mc_dispatch's indices (default int32) */
+  mc_dispatch_input_t dispatch_input; /* what the tokens are (default opaque bytes) */
+  mc_scale_format_t scale_format;     /* MC_INPUT_BF16_TO_E4M3's scales (default fp32) */
 } mc_a2a_config_t;
 
 #define MC_MAX_TOPK 16
 
 #define MC_A2A_CONFIG_INITIALIZER \
-  { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16, MC_INDEX_INT32 }
+  { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16, MC_INDEX_INT32, \
+    MC_INPUT_BYTES, MC_SCALE_FP32 }
 
 /* Collective over the communicator: every rank passes the same config (a
  * rank that differs makes every rank fail, naming the field and both
@@ -278,8 +305,10 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  * experts; receive this rank's tokens into the batched layout.
  *
  * Send half (flags & MC_SEND) reads:
- *   tokens   [m][token_bytes]          16-byte aligned
- *   scales   [m][scale_bytes]          4-byte aligned; NULL iff scale_bytes == 0
+ *   tokens   [m][token_bytes]          16-byte aligned (MC_INPUT_BF16_TO_E4M3: [m][hidden]
+ *                                      bf16, quantised on the way: see mc_dispatch_input_t)
+ *   scales   [m][scale_bytes]          4-byte aligned; NULL iff scale_bytes == 0, and NULL
+ *                                      when dispatch quantises (it makes the scales)
  *   indices  [m][experts_per_token]    global expert ids, distinct per token; int32
  *                                      or int64 (config->index_dtype), aligned to it
  *   weights  [m][experts_per_token]    fp32 router weights; NULL means all 1.0.

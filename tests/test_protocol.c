@@ -51,6 +51,33 @@ int test_world_sizes(void) {
   return 0;
 }
 
+/* MC_INPUT_BF16_TO_E4M3: dispatch quantises bf16 rows in its send half;
+ * expert_x and expert_scale must hold, byte for byte, what the reference
+ * quantiser (tests/ref/mc_ref_quant.c) makes of them, in both scale
+ * formats, over world and group sizes, with refused calls among the rounds
+ * (scales passed while quantising among them) and as processes too. */
+int test_quant_dispatch(void) {
+  for (int i = 0; i < 12; i++) {
+    mc_case_t c;
+    mc_ref_random_case(case_seed(100 + i), &c);
+    c.world_size = 1 + i % 4 + (i >= 8 ? 4 : 0);
+    c.group_size = c.world_size % 2 == 0 && i % 3 == 0 ? 2 : 1;
+    c.num_experts = c.world_size * 4;
+    c.topk = c.topk < c.num_experts ? c.topk : c.num_experts;
+    c.quant = i % 2 ? MC_REF_QUANT_UE8M0 : MC_REF_QUANT_FP32;
+    c.hidden = 512 * (1 + i % 3);
+    c.token_bytes = (size_t)c.hidden;
+    c.scale_bytes = (size_t)c.hidden / 128 * (c.quant == MC_REF_QUANT_UE8M0 ? 1 : 4);
+    c.expert_identity = 0;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    o.inject_bad = i % 4 == 1;
+    o.processes = i % 5 == 2;
+    MC_CHECK(run_case(&c, &o) == 0);
+  }
+  return 0;
+}
+
 int test_group_sizes(void) {
   static const int gs[] = {1, 2, 4, 8};
   for (int i = 0; i < 4; i++) {

@@ -59,6 +59,9 @@ static void usage(FILE *f) {
       "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
       "                        overhead on the host); the warm-up rounds run eagerly\n"
       "      --int64-ids       top-k ids as int64 (MC_INDEX_INT64, as torch.topk returns them)\n"
+      "      --quantise F      tokens are bf16 rows that dispatch quantises to e4m3 with a scale\n"
+      "                        per 128 values, F fp32 or ue8m0 (MC_INPUT_BF16_TO_E4M3; token and\n"
+      "                        scale bytes follow from --hidden)\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -107,7 +110,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
   mc_run_opts_t *o = &a->o;
   int token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64 };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT };
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -117,7 +120,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
       {"no-check", 0, 0, O_NOCHECK}, {"json", 0, 0, O_JSON}, {"help", 0, 0, 'h'},     {"transport", 1, 0, O_TRANSPORT},
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
-      {"floor", 0, 0, O_FLOOR},   {"int64-ids", 0, 0, O_IDS64},
+      {"floor", 0, 0, O_FLOOR},   {"int64-ids", 0, 0, O_IDS64}, {"quantise", 1, 0, O_QUANT},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
@@ -146,6 +149,11 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
     case O_WHOLE: o->whole = 1; break;
     case O_FLOOR: o->floor = 1; break;
     case O_IDS64: o->ids64 = 1; break;
+    case O_QUANT:
+      if (!strcmp(optarg, "fp32")) c->quant = MC_REF_QUANT_FP32;
+      else if (!strcmp(optarg, "ue8m0")) c->quant = MC_REF_QUANT_UE8M0;
+      else return fprintf(stderr, "--quantise: fp32 or ue8m0\n"), 2;
+      break;
     case O_NOCHECK: o->check = 0; break;
     case O_JSON: a->json = 1; break;
     case O_TRANSPORT:
@@ -167,7 +175,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
     }
   }
   if (!token_bytes_set) c->token_bytes = (size_t)c->hidden; /* fp8 */
-  if (!scale_bytes_set) c->scale_bytes = (size_t)(c->hidden / 128) * 4;
+  if (!scale_bytes_set) c->scale_bytes = (size_t)(c->hidden / 128) * (c->quant == MC_REF_QUANT_UE8M0 ? 1 : 4);
   return -1;
 }
 
@@ -301,11 +309,12 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
          o->processes ? "processes" : "threads");
   printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
          "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
-         "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"index_dtype\": \"%s\"},\n",
+         "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"index_dtype\": \"%s\", "
+         "\"quantise\": \"%s\"},\n",
          c->world_size, c->group_size, c->max_tokens, c->num_experts, c->topk, c->hidden, c->token_bytes,
          c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), o->rounds, o->warmup,
          (unsigned long long)c->seed, o->graph_timed ? "true" : "false", o->whole ? "true" : "false",
-         o->ids64 ? "int64" : "int32");
+         o->ids64 ? "int64" : "int32", c->quant == MC_REF_QUANT_FP32 ? "fp32" : c->quant ? "ue8m0" : "no");
   printf(" \"latency_us\": {");
   const int first = o->whole ? MC_PH_COUNT : 0; /* --whole: no halves */
   for (int ph = first; ph < N_ROWS; ph++)

@@ -9,7 +9,7 @@ import ctypes as C
 from ._lib import load
 
 # ---- version, results, enumerations (moecomm.h) ----
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 3, 0
 VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 SUCCESS = 0
@@ -27,6 +27,8 @@ ERR_INTERNAL = 10
 TRANSPORT_AUTO, TRANSPORT_CPU, TRANSPORT_NVSHMEM, TRANSPORT_P2P = 0, 1, 2, 3
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 INDEX_INT32, INDEX_INT64 = 0, 1
+INPUT_BYTES, INPUT_BF16_TO_E4M3 = 0, 1
+SCALE_FP32, SCALE_UE8M0 = 0, 1
 
 SEND, RECV = 1, 2
 SEND_RECV = SEND | RECV
@@ -55,7 +57,8 @@ class A2AConfig(C.Structure):
     _fields_ = [("size", C.c_size_t), ("version", C.c_uint), ("max_tokens", C.c_int),
                 ("num_experts", C.c_int), ("experts_per_token", C.c_int),
                 ("token_bytes", C.c_size_t), ("scale_bytes", C.c_size_t), ("hidden", C.c_int),
-                ("combine_in_dtype", C.c_int), ("combine_out_dtype", C.c_int), ("index_dtype", C.c_int)]
+                ("combine_in_dtype", C.c_int), ("combine_out_dtype", C.c_int), ("index_dtype", C.c_int),
+                ("dispatch_input", C.c_int), ("scale_format", C.c_int)]
 
 
 class A2AStats(C.Structure):
@@ -72,7 +75,8 @@ def comm_config():
 
 def a2a_config():
     """MC_A2A_CONFIG_INITIALIZER."""
-    return A2AConfig(C.sizeof(A2AConfig), VERSION, 0, 0, 0, 0, 0, 0, DTYPE_BF16, DTYPE_BF16, INDEX_INT32)
+    return A2AConfig(C.sizeof(A2AConfig), VERSION, 0, 0, 0, 0, 0, 0, DTYPE_BF16, DTYPE_BF16, INDEX_INT32,
+                     INPUT_BYTES, SCALE_FP32)
 
 
 def a2a_stats():

@@ -16,6 +16,8 @@ _ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "
 # numpy storage of each dtype (bf16: raw bits in uint16)
 NP_STORAGE = {"fp32": np.float32, "bf16": np.uint16, "fp16": np.float16}
 INDEX_DTYPES = {"int32": _capi.INDEX_INT32, "int64": _capi.INDEX_INT64}
+DISPATCH_INPUTS = {"bytes": _capi.INPUT_BYTES, "bf16_to_e4m3": _capi.INPUT_BF16_TO_E4M3}
+SCALE_FORMATS = {"fp32": _capi.SCALE_FP32, "ue8m0": _capi.SCALE_UE8M0}
 
 
 def index_dtype_name(d):
@@ -65,12 +67,22 @@ class AllToAll:
 
     def __init__(self, comm, *, max_tokens, num_experts, experts_per_token, hidden,
                  token_bytes=None, scale_bytes=0, combine_in_dtype="bf16", combine_out_dtype="bf16",
-                 index_dtype="int32"):
+                 index_dtype="int32", dispatch_input="bytes", scale_format="fp32"):
         self.comm, self._h = comm, None
         self.in_dtype = dtype_name(combine_in_dtype, "combine_in_dtype")
         self.out_dtype = dtype_name(combine_out_dtype, "combine_out_dtype")
         # int64: torch.topk's ids, read in place (no conversion kernel per call)
         self.index_dtype = index_dtype_name(index_dtype)
+        if dispatch_input not in DISPATCH_INPUTS:
+            raise invalid(f"dispatch_input={dispatch_input!r}: expected one of {', '.join(DISPATCH_INPUTS)}")
+        if scale_format not in SCALE_FORMATS:
+            raise invalid(f"scale_format={scale_format!r}: expected one of {', '.join(SCALE_FORMATS)}")
+        # bf16_to_e4m3: dp_x holds bf16 rows, dispatch quantises them (a byte a
+        # value, a scale per 128 values); the sizes follow unless given
+        self.quantises = dispatch_input == "bf16_to_e4m3"
+        if self.quantises:
+            token_bytes = int(hidden) if token_bytes is None else token_bytes
+            scale_bytes = scale_bytes or int(hidden) // 128 * (1 if scale_format == "ue8m0" else 4)
         if token_bytes is None:
             token_bytes = int(hidden) * np.dtype(NP_STORAGE[self.in_dtype]).itemsize
         cfg = _capi.a2a_config()
@@ -78,6 +90,7 @@ class AllToAll:
         cfg.token_bytes, cfg.scale_bytes, cfg.hidden = int(token_bytes), int(scale_bytes), int(hidden)
         cfg.combine_in_dtype, cfg.combine_out_dtype = DTYPES[self.in_dtype], DTYPES[self.out_dtype]
         cfg.index_dtype = INDEX_DTYPES[self.index_dtype]
+        cfg.dispatch_input, cfg.scale_format = DISPATCH_INPUTS[dispatch_input], SCALE_FORMATS[scale_format]
         self._create(cfg)
 
     def _create(self, cfg):
@@ -141,10 +154,13 @@ class AllToAll:
         n = self.config.token_bytes // _itemsize(dtype)
         return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
-    def alloc_expert_x_scale(self, dtype=np.float32):
-        """[num_local_experts][expert_capacity][scale_bytes / itemsize], or None without scales."""
+    def alloc_expert_x_scale(self, dtype=None):
+        """[num_local_experts][expert_capacity][scale_bytes / itemsize], or None
+        without scales; dtype float32 (default), or uint8 for UE8M0 scales."""
         if self.config.scale_bytes == 0:
             return None
+        if dtype is None:
+            dtype = np.uint8 if self.config.scale_format == _capi.SCALE_UE8M0 else np.float32
         n = self.config.scale_bytes // _itemsize(dtype)
         return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
@@ -203,9 +219,14 @@ class AllToAll:
         m = iv.shape[0]
         xv = view(dp_x, "dp_x", device=self._dev)
         need_lead(xv, "dp_x", (m,))
-        need_row_bytes(xv, "dp_x", 1, cfg.token_bytes, "token_bytes")
+        if self.quantises:  # bf16 rows of hidden values; the scales are dispatch's to make
+            need_row_bytes(xv, "dp_x", 1, 2 * cfg.hidden, "2 x hidden (bf16 values to quantise)")
+            if dp_x_scale is not None:
+                raise invalid("dp_x_scale: must be None: dispatch makes the scales when it quantises")
+        else:
+            need_row_bytes(xv, "dp_x", 1, cfg.token_bytes, "token_bytes")
         need_align(xv, "dp_x", 16)
-        sp = self._scale_ptr(dp_x_scale, "dp_x_scale", (m,))
+        sp = None if self.quantises else self._scale_ptr(dp_x_scale, "dp_x_scale", (m,))
         wp = None
         if weights is not None:
             wv = view(weights, "weights", device=self._dev)

@@ -45,7 +45,7 @@ int main(void) {
   printf("mc_comm_config_t %zu\nmc_a2a_config_t %zu\nmc_a2a_stats_t %zu\nmc_oob_t %zu\n",
          sizeof(mc_comm_config_t), sizeof(mc_a2a_config_t), sizeof(mc_a2a_stats_t), sizeof(mc_oob_t));
   F(mc_a2a_config_t, token_bytes) F(mc_a2a_config_t, hidden) F(mc_a2a_config_t, combine_out_dtype)
-  F(mc_a2a_config_t, index_dtype)
+  F(mc_a2a_config_t, index_dtype) F(mc_a2a_config_t, dispatch_input) F(mc_a2a_config_t, scale_format)
   F(mc_comm_config_t, device) F(mc_a2a_stats_t, buffer_bytes) F(mc_oob_t, world_size)
   return 0;
 }
@@ -135,3 +135,42 @@ def test_missing_library_error_names_places(monkeypatch):
     monkeypatch.setattr(_lib, "_LIB", None)
     with pytest.raises(OSError, match="MOECOMM_LIB"):
         _lib.load()
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+def test_dispatch_quantises_bf16_rows(fmt):
+    """dispatch_input="bf16_to_e4m3": dp_x holds bf16 rows, expert_x gets e4m3 bytes and
+    expert_x_scale one scale per 128 values; dequantised, each value is within half an
+    e4m3 step of its input (the bit-exact rules are tested in C against the reference)."""
+    import numpy as np
+    comm = _comm1()
+    H, m = 512, 3
+    with pytest.raises(moecomm.MoecommInvalid, match="multiple of"):
+        moecomm.AllToAll(comm, max_tokens=4, num_experts=4, experts_per_token=2, hidden=H + 128,
+                         dispatch_input="bf16_to_e4m3", scale_format="ue8m0")
+    a2a = moecomm.AllToAll(comm, max_tokens=4, num_experts=4, experts_per_token=2, hidden=H,
+                           dispatch_input="bf16_to_e4m3", scale_format=fmt)
+    assert a2a.config.token_bytes == H and a2a.config.scale_bytes == H // 128 * (1 if fmt == "ue8m0" else 4)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((m, H)) * np.exp2(rng.integers(-20, 20, (m, 1)))).astype(np.float32)
+    xb = (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: the values dispatch sees
+    idx = np.array([[0, 1], [2, 3], [1, 2]], np.int32)
+    cnt, ex, exs = a2a.alloc_expert_num_tokens(), a2a.alloc_expert_x(), a2a.alloc_expert_x_scale()
+    assert exs.dtype == (np.uint8 if fmt == "ue8m0" else np.float32)
+    with pytest.raises(moecomm.MoecommInvalid, match="dp_x_scale"):
+        a2a.dispatch(cnt, ex, exs, xb, np.ones((m, H // 128), np.float32), idx)
+    a2a.dispatch(cnt, ex, exs, xb, None, idx)
+    # e4m3 decoded with numpy: sign, 4 exponent bits (bias 7), 3 mantissa bits
+    q = ex[0, : cnt[0]].astype(np.int32)
+    e, f = (q >> 3) & 15, q & 7
+    val = np.where(e > 0, (1 + f / 8) * np.exp2(e - 7.0), f * 2.0 ** -9) * np.where(q & 0x80, -1, 1)
+    sc = exs[0, : cnt[0]]
+    s = np.exp2(sc.astype(np.float64) - 127) if fmt == "ue8m0" else sc.astype(np.float64)
+    got = val * np.repeat(s, 128, axis=1)
+    want = (xb.astype(np.uint32) << 16).view(np.float32)[[0, 2]].astype(np.float64)  # tokens of expert 0
+    assert list(cnt) == [1, 2, 2, 1]
+    tol = np.maximum(np.abs(want) / 16, np.repeat(s, 128, axis=1) * 2.0 ** -10)
+    assert np.all(np.abs(got - want[: cnt[0]]) <= tol * 1.0001)
+    a2a.combine(a2a.alloc_out_tokens(), a2a.alloc_expert_y())
+    a2a.destroy()
+    comm.destroy()

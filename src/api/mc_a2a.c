@@ -30,6 +30,28 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
                    "config->size=%zu / version=%u do not match this library (%zu / %d): "
                    "start from MC_A2A_CONFIG_INITIALIZER",
                    c->size, c->version, sizeof(mc_a2a_config_t), MC_VERSION);
+  if (c->dispatch_input != MC_INPUT_BYTES && c->dispatch_input != MC_INPUT_BF16_TO_E4M3)
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->dispatch_input=%d is not an mc_dispatch_input_t (bytes 0, bf16 to e4m3 1)",
+                   (int)c->dispatch_input);
+  if (c->scale_format != MC_SCALE_FP32 && c->scale_format != MC_SCALE_UE8M0)
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->scale_format=%d is not an mc_scale_format_t (fp32 0, ue8m0 1)",
+                   (int)c->scale_format);
+  if (c->dispatch_input == MC_INPUT_BF16_TO_E4M3) {
+    /* expert_x holds one e4m3 byte a value, expert_scale one scale a block
+     * of 128 (4 bytes, or 1 for UE8M0: rows of whole 4-byte words) */
+    const int ue = c->scale_format == MC_SCALE_UE8M0, unit = ue ? 512 : 128;
+    if (c->hidden < unit || c->hidden % unit != 0)
+      return mc_fail(err, MC_ERR_INVALID_ARG,
+                     "config->hidden=%d must be a multiple of %d to quantise in blocks of 128 with %s scales",
+                     c->hidden, unit, ue ? "UE8M0" : "fp32");
+    const size_t tb = (size_t)c->hidden, sb = (size_t)c->hidden / 128 * (ue ? 1 : 4);
+    if (c->token_bytes != tb || c->scale_bytes != sb)
+      return mc_fail(err, MC_ERR_INVALID_ARG,
+                     "config->token_bytes=%zu / scale_bytes=%zu: quantising hidden=%d values to e4m3 they are %zu / "
+                     "%zu (a byte a value; hidden / 128 %s scales)",
+                     c->token_bytes, c->scale_bytes, c->hidden, tb, sb, ue ? "one-byte UE8M0" : "fp32");
+  }
   if (c->max_tokens < 1 || c->max_tokens > (1 << 20))
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->max_tokens=%d is not in 1..%d", c->max_tokens, 1 << 20);
   if (c->num_experts < 1 || c->num_experts % comm->world_size != 0)
@@ -85,6 +107,8 @@ static mc_result_t config_mismatch(mc_comm_t *comm, int r, const mc_a2a_config_t
   DIFF(combine_in_dtype, "%d", int)
   DIFF(combine_out_dtype, "%d", int)
   DIFF(index_dtype, "%d", int)
+  DIFF(dispatch_input, "%d", int)
+  DIFF(scale_format, "%d", int)
   DIFF(version, "%u", unsigned)
 #undef DIFF
   return mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_a2a_create: rank %d passed a different config than rank %d", r,
@@ -132,12 +156,20 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   mine.combine_in_dtype = config->combine_in_dtype;
   mine.combine_out_dtype = config->combine_out_dtype;
   mine.index_dtype = config->index_dtype;
+  mine.dispatch_input = config->dispatch_input;
+  mine.scale_format = config->scale_format;
   if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
     if (memcmp(&all[r], &mine, sizeof mine) != 0) rc = config_mismatch(comm, r, &all[r], &mine);
   free(all);
   if (rc != MC_SUCCESS) return rc;
+  /* every rank agrees on the config, so every rank refuses alike */
+  if (mine.dispatch_input == MC_INPUT_BF16_TO_E4M3 && !ops->quantises)
+    return mc_fail(comm->err, MC_ERR_UNSUPPORTED,
+                   "config->dispatch_input: the %s transport does not quantise in dispatch yet (the cpu transport "
+                   "does); quantise before dispatch and pass MC_INPUT_BYTES",
+                   ops->name);
 
   mc_a2a_t *a2a = calloc(1, sizeof *a2a);
   if (!a2a) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
@@ -272,20 +304,24 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
   mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_DISPATCH_SEND);
   if (rc != MC_SUCCESS) return rc;
   const mc_a2a_config_t *c = &a2a->cfg;
-  int has_scales = c->scale_bytes > 0;
+  const int has_scales = c->scale_bytes > 0, quant = c->dispatch_input == MC_INPUT_BF16_TO_E4M3;
   if (flags & MC_SEND) {
     if (m < 0 || m > c->max_tokens)
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: m=%d is not in 0..max_tokens=%d", call, m,
                      c->max_tokens);
     int rows = m > 0;
     if ((rc = check_ptr(a2a, call, "tokens", tokens, rows, 16)) ||
-        (rc = check_ptr(a2a, call, "scales", scales, rows && has_scales, 4)) ||
+        (rc = check_ptr(a2a, call, "scales", scales, rows && has_scales && !quant, 4)) ||
         (rc = check_ptr(a2a, call, "indices", indices, rows, mc_index_size(c->index_dtype == MC_INDEX_INT64))) ||
         (rc = check_ptr(a2a, call, "weights", weights, 0, 4)) ||
         (rc = check_ptr(a2a, call, "bound_m", bound_m, 0, 4)))
       return rc;
     if (scales && !has_scales)
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: scales=%p given but config->scale_bytes is 0",
+                     call, scales);
+    if (scales && quant)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                     "%s: scales=%p given, but with MC_INPUT_BF16_TO_E4M3 the send half makes the scales: pass NULL",
                      call, scales);
   }
   if (flags & MC_RECV) {

@@ -26,9 +26,24 @@
 #include <string.h>
 
 #include "mc_cpu.h"
+#include "mc_quant.h"
 #include "mc_route.h"
 
 static int ids64(const mc_a2a_t *a2a) { return a2a->cfg.index_dtype == MC_INDEX_INT64; }
+
+/* MC_INPUT_BF16_TO_E4M3: one token's hidden bf16 values into its record's
+ * e4m3 payload and per-block scales (src/core/mc_quant.h). */
+static void quantise_row(const mc_a2a_config_t *c, const uint16_t *x, unsigned char *q, unsigned char *scales) {
+  for (int b = 0; b < c->hidden / MC_QBLOCK; b++) {
+    const uint16_t *xb = x + (size_t)b * MC_QBLOCK;
+    if (c->scale_format == MC_SCALE_UE8M0) {
+      scales[b] = mc_quant_block_ue8m0(xb, MC_QBLOCK, q + (size_t)b * MC_QBLOCK);
+    } else {
+      const float sc = mc_quant_block_fp32(xb, MC_QBLOCK, q + (size_t)b * MC_QBLOCK);
+      memcpy(scales + (size_t)b * 4, &sc, sizeof sc);
+    }
+  }
+}
 
 /* Token t's ids as int32 (the round was checked: they are valid). */
 static void load_ids(const mc_a2a_t *a2a, const mc_dispatch_args_t *args, int t, int32_t *idx) {
@@ -119,11 +134,16 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
       h->targets[k] = (mc_target_t){e, (int32_t)npos[e]++,
                                     args->weights ? args->weights[(int64_t)t * K + order[k]] : 1.0f};
     }
-    memcpy(rec + mc_record_payload_off(s), (const unsigned char *)args->tokens + (uint64_t)t * s->token_bytes,
-           s->token_bytes);
-    if (s->scale_bytes)
-      memcpy(rec + mc_record_scale_off(s), (const unsigned char *)args->scales + (uint64_t)t * s->scale_bytes,
-             s->scale_bytes);
+    if (a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3) {
+      quantise_row(&a2a->cfg, (const uint16_t *)args->tokens + (uint64_t)t * s->hidden, rec + mc_record_payload_off(s),
+                   rec + mc_record_scale_off(s));
+    } else {
+      memcpy(rec + mc_record_payload_off(s), (const unsigned char *)args->tokens + (uint64_t)t * s->token_bytes,
+             s->token_bytes);
+      if (s->scale_bytes)
+        memcpy(rec + mc_record_scale_off(s), (const unsigned char *)args->scales + (uint64_t)t * s->scale_bytes,
+               s->scale_bytes);
+    }
     const uint16_t *d = dests + (int64_t)t * K;
     for (int j = 0; j < n_dests[t]; j++)
       mc_cpu_put_signal(a2a, d[j], mc_disp_recv_off(s, me, (int)nrec[d[j]]++), rec, rec_bytes,

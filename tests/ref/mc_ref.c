@@ -24,6 +24,27 @@ int mc_ref_num_groups(const mc_case_t *c) { return c->world_size / c->group_size
 int mc_ref_capacity(const mc_case_t *c) { return mc_ref_num_groups(c) * c->max_tokens; }
 int mc_ref_local_experts(const mc_case_t *c) { return c->num_experts / c->world_size; }
 
+size_t mc_ref_in_row_bytes(const mc_case_t *c) { return c->quant ? 2 * (size_t)c->hidden : c->token_bytes; }
+
+/* Quantised cases: bf16 rows whose magnitudes differ from block to block
+ * (the scales matter), with some zeros, and the payload they quantise to. */
+static void quant_rows(const mc_case_t *c, uint64_t *st, int m, mc_input_t *in) {
+  uint16_t *x = (uint16_t *)in->raw;
+  const int blocks = c->hidden / 128;
+  for (int t = 0; t < m; t++)
+    for (int b = 0; b < blocks; b++) {
+      const uint32_t center = 100 + (uint32_t)(mc_ref_rand(st) % 60); /* bf16 exponents around 2^-27 .. 2^32 */
+      for (int i = 0; i < 128; i++) {
+        const uint64_t r = mc_ref_rand(st);
+        const uint32_t e = center - (uint32_t)(r % 10);
+        x[((size_t)t * c->hidden) + (size_t)b * 128 + i] = r % 41 == 0 ? 0 : (uint16_t)(((r >> 8) & 0x807fu) | (e << 7));
+      }
+      mc_ref_quant_block(x + (size_t)t * c->hidden + (size_t)b * 128, 128, c->quant == MC_REF_QUANT_UE8M0,
+                         in->tokens + (size_t)t * c->token_bytes + (size_t)b * 128,
+                         in->scales + (size_t)t * c->scale_bytes + (size_t)b * (c->quant == MC_REF_QUANT_UE8M0 ? 1 : 4));
+    }
+}
+
 int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) {
   uint64_t st = c->seed ^ (round * 0x100000001b3ull) ^ ((uint64_t)group << 48) ^ 0x5eedull;
   memset(in, 0, sizeof *in);
@@ -41,18 +62,21 @@ int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) 
   size_t rows = m > 0 ? (size_t)m : 1;
   in->tokens = malloc(rows * c->token_bytes);
   in->scales = c->scale_bytes ? malloc(rows * c->scale_bytes) : NULL;
+  in->raw = c->quant ? malloc(rows * mc_ref_in_row_bytes(c)) : in->tokens;
   in->indices = malloc(rows * (size_t)c->topk * sizeof(int32_t));
   in->weights = c->no_weights ? NULL : malloc(rows * (size_t)c->topk * sizeof(float));
-  if (!in->tokens || (c->scale_bytes && !in->scales) || !in->indices || (!c->no_weights && !in->weights)) {
+  if (!in->tokens || !in->raw || (c->scale_bytes && !in->scales) || !in->indices || (!c->no_weights && !in->weights)) {
     mc_ref_input_free(in);
     return -1;
   }
-  if (c->expert_identity) /* finite values in in_dtype: the expert returns them as they are */
+  if (c->quant)
+    quant_rows(c, &st, m, in);
+  else if (c->expert_identity) /* finite values in in_dtype: the expert returns them as they are */
     for (size_t i = 0; i < (size_t)m * (size_t)c->hidden; i++)
       mc_store_elem(in->tokens, (int64_t)i, c->in_dtype, (float)((int)(mc_ref_rand(&st) % 2001) - 1000) / 500.0f);
   else
     for (size_t i = 0; i < (size_t)m * c->token_bytes; i++) in->tokens[i] = (uint8_t)mc_ref_rand(&st);
-  for (size_t i = 0; i < (size_t)m * c->scale_bytes / 4; i++)
+  for (size_t i = 0; !c->quant && i < (size_t)m * c->scale_bytes / 4; i++)
     ((float *)in->scales)[i] = (float)(mc_ref_rand(&st) % 1000) / 256.0f;
   int hot = (int)(mc_ref_rand(&st) % (uint64_t)c->num_experts);
   for (int t = 0; t < m; t++) {
@@ -75,6 +99,7 @@ int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) 
 }
 
 void mc_ref_input_free(mc_input_t *in) {
+  if (in->raw != in->tokens) free(in->raw);
   free(in->tokens);
   free(in->scales);
   free(in->indices);
@@ -239,8 +264,9 @@ void mc_ref_describe(const mc_case_t *c, char *buf, size_t n) {
   static const char *dt[] = {"fp32", "bf16", "fp16"};
   snprintf(buf, n,
            "world=%d group=%d experts=%d topk=%d max_tokens=%d token_bytes=%zu scale_bytes=%zu hidden=%d "
-           "%s->%s routing=%d zero=%d bound=%d noweights=%d seed=%llu",
+           "%s->%s routing=%d zero=%d bound=%d noweights=%d%s seed=%llu",
            c->world_size, c->group_size, c->num_experts, c->topk, c->max_tokens, c->token_bytes, c->scale_bytes,
            c->hidden, dt[c->in_dtype], dt[c->out_dtype], c->routing, c->zero_tokens, c->use_bound_m,
-           c->no_weights, (unsigned long long)c->seed);
+           c->no_weights, c->quant == MC_REF_QUANT_FP32 ? " quant=fp32" : c->quant ? " quant=ue8m0" : "",
+           (unsigned long long)c->seed);
 }

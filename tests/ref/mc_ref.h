@@ -24,19 +24,26 @@ typedef struct mc_case {
   int fixed_m;        /* 1: every group passes m = max_tokens every round (benchmarks) */
   int expert_identity; /* 1: tokens are hidden values in in_dtype and every expert returns its
                           input unchanged (a device copy can stand in for the experts) */
+  int quant;          /* MC_REF_QUANT_*: dispatch quantises bf16 rows (MC_INPUT_BF16_TO_E4M3) */
 } mc_case_t;
+
+enum { MC_REF_QUANT_NONE = 0, MC_REF_QUANT_FP32 = 1, MC_REF_QUANT_UE8M0 = 2 };
 
 /* One group's inputs for one round (all ranks of a group hold the same). */
 typedef struct mc_input {
   int m;       /* rows passed */
   int bound_m; /* valid rows; == m when use_bound_m is off (then no pointer is passed) */
   int has_bound;
-  uint8_t *tokens;  /* [m][token_bytes] */
-  uint8_t *scales;  /* [m][scale_bytes] or NULL */
+  uint8_t *tokens;  /* [m][token_bytes]: the payload expert_x must hold */
+  uint8_t *scales;  /* [m][scale_bytes] or NULL: what expert_scale must hold */
+  uint8_t *raw;     /* [m][mc_ref_in_row_bytes]: what mc_dispatch reads (tokens, or the bf16
+                       rows that quantise to tokens and scales) */
   int32_t *indices; /* [m][topk] */
   float *weights;   /* [m][topk] or NULL */
 } mc_input_t;
 
+/* Bytes of one row of mc_dispatch's tokens: token_bytes, or 2 x hidden (bf16) when quantised. */
+size_t mc_ref_in_row_bytes(const mc_case_t *c);
 /* Draw group g's inputs of `round` (pure function of case, round, group). */
 int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in);
 void mc_ref_input_free(mc_input_t *in);

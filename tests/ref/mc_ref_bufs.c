@@ -73,8 +73,8 @@ int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t
     d->x = b->x, d->xs = b->xs, d->count = b->count, d->y = b->y, d->out = b->out;
     return 0;
   }
-  d->tokens = mc_dev_alloc(1, M * c->token_bytes);
-  d->scales = c->scale_bytes ? mc_dev_alloc(1, M * c->scale_bytes) : NULL;
+  d->tokens = mc_dev_alloc(1, M * mc_ref_in_row_bytes(c));
+  d->scales = c->scale_bytes && !c->quant ? mc_dev_alloc(1, M * c->scale_bytes) : NULL; /* quantising: made by dispatch */
   d->indices = mc_dev_alloc(1, M * K * (ids64 ? 8 : 4));
   d->weights = mc_dev_alloc(1, M * K * 4);
   d->bound = mc_dev_alloc(1, 4);
@@ -84,7 +84,7 @@ int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t
   d->y = mc_dev_alloc(1, L * cap * H * mc_dtype_size(c->in_dtype));
   d->out = mc_dev_alloc(1, M * H * mc_dtype_size(c->out_dtype));
   d->scratch = mc_dev_alloc(1, 16u << 20);
-  return d->tokens && (d->scales || !c->scale_bytes) && d->indices && d->weights && d->bound && d->x &&
+  return d->tokens && (d->scales || !c->scale_bytes || c->quant) && d->indices && d->weights && d->bound && d->x &&
                  (d->xs || !c->scale_bytes) && d->count && d->y && d->out && d->scratch
              ? 0
              : -1;
@@ -96,11 +96,11 @@ int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, ca
   for (size_t i = 0; d->ids64 && i < m * K; i++) d->wide[i] = in->indices[i];
   const void *ids = d->ids64 ? (const void *)d->wide : (const void *)in->indices;
   if (!d->gpu) {
-    *ci = (call_in_t){in->tokens, in->scales, ids, in->weights, in->has_bound ? &in->bound_m : NULL};
+    *ci = (call_in_t){in->raw, c->quant ? NULL : in->scales, ids, in->weights, in->has_bound ? &in->bound_m : NULL};
     return 0;
   }
-  int bad = mc_dev_put(1, d->tokens, in->tokens, m * c->token_bytes);
-  if (c->scale_bytes) bad |= mc_dev_put(1, d->scales, in->scales, m * c->scale_bytes);
+  int bad = mc_dev_put(1, d->tokens, in->raw, m * mc_ref_in_row_bytes(c));
+  if (d->scales) bad |= mc_dev_put(1, d->scales, in->scales, m * c->scale_bytes);
   bad |= mc_dev_put(1, d->indices, ids, m * K * (d->ids64 ? 8 : 4));
   if (in->weights) bad |= mc_dev_put(1, d->weights, in->weights, m * K * 4);
   if (in->has_bound) bad |= mc_dev_put(1, d->bound, &in->bound_m, 4);

@@ -128,7 +128,7 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
   /* The bad calls carry the tokens with every byte inverted: a record that
    * leaked out of a refused call would differ from the good round's and
    * fail its check, instead of hiding among identical bytes. */
-  size_t tb = (size_t)(in->m > 0 ? in->m : 1) * c->token_bytes;
+  size_t tb = (size_t)(in->m > 0 ? in->m : 1) * mc_ref_in_row_bytes(c);
   unsigned char *inv = malloc(tb);
   void *inv_buf = d->gpu ? mc_dev_alloc(1, tb) : inv;
   /* the id buffers, allocated below; everything is freed at the end */
@@ -139,8 +139,8 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
     bad = 1;
     goto done;
   }
-  for (size_t i = 0; i < (size_t)in->m * c->token_bytes; i++)
-    inv[i] = (unsigned char)~in->tokens[i];
+  for (size_t i = 0; i < (size_t)in->m * mc_ref_in_row_bytes(c); i++)
+    inv[i] = (unsigned char)~in->raw[i];
   if (d->gpu) mc_dev_put(1, inv_buf, inv, tb);
   const void *bad_tokens = in->m > 0 ? inv_buf : ci->tokens;
 #define D(tok, sc, idx, m, bnd, flags)                                                                                 \
@@ -162,10 +162,14 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
                        MC_ERR_INVALID_ARG, "aligned");
     bad |= expect_fail(me, a2a, rank, round, "NULL indices", D(ci->tokens, ci->scales, NULL, in->m, ci->bound, MC_SEND),
                        MC_ERR_INVALID_ARG, "indices is NULL");
-    if (c->scale_bytes)
+    if (c->scale_bytes && !c->quant)
       bad |=
           expect_fail(me, a2a, rank, round, "NULL scales", D(ci->tokens, NULL, ci->indices, in->m, ci->bound, MC_SEND),
                       MC_ERR_INVALID_ARG, "scales is NULL");
+    if (c->quant) /* the send half makes the scales */
+      bad |= expect_fail(me, a2a, rank, round, "scales while quantising",
+                         D(ci->tokens, ci->indices, ci->indices, in->m, ci->bound, MC_SEND), MC_ERR_INVALID_ARG,
+                         "pass NULL");
   }
   /* values read where the data lives: host (cpu) or device (GPU); ids at
    * the width the handle takes (idx is edited, wide its int64 copy) */

@@ -117,6 +117,8 @@ static int rank_setup(rank_st_t *st) {
   ac.combine_in_dtype = c->in_dtype;
   ac.combine_out_dtype = c->out_dtype;
   ac.index_dtype = o->ids64 ? MC_INDEX_INT64 : MC_INDEX_INT32;
+  ac.dispatch_input = c->quant ? MC_INPUT_BF16_TO_E4M3 : MC_INPUT_BYTES;
+  ac.scale_format = c->quant == MC_REF_QUANT_UE8M0 ? MC_SCALE_UE8M0 : MC_SCALE_FP32;
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
   st->xbytes = (size_t)L * cap * c->token_bytes;
