@@ -12,6 +12,7 @@
 
 #include "mc_bench_nccl.h"
 #include "mc_layout.h"
+#include "mc_quant.h"
 #include "mc_ref_run.h"
 
 static void usage(FILE *f) {
@@ -175,7 +176,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
     }
   }
   if (!token_bytes_set) c->token_bytes = (size_t)c->hidden; /* fp8 */
-  if (!scale_bytes_set) c->scale_bytes = (size_t)(c->hidden / 128) * (c->quant == MC_REF_QUANT_UE8M0 ? 1 : 4);
+  if (!scale_bytes_set) c->scale_bytes = mc_quant_scale_bytes(c->hidden, c->quant == MC_REF_QUANT_UE8M0); /* a scale a 128 */
   return -1;
 }
 

@@ -7,6 +7,7 @@
 
 #include "mc_handles.h"
 #include "mc_internal.h"
+#include "mc_quant.h"
 #include "mc_route.h"
 
 /* Every call on a handle first: NULL, or a handle this process does not
@@ -40,12 +41,12 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   if (c->dispatch_input == MC_INPUT_BF16_TO_E4M3) {
     /* expert_x holds one e4m3 byte a value, expert_scale one scale a block
      * of 128 (4 bytes, or 1 for UE8M0: rows of whole 4-byte words) */
-    const int ue = c->scale_format == MC_SCALE_UE8M0, unit = ue ? 512 : 128;
+    const int ue = c->scale_format == MC_SCALE_UE8M0, unit = ue ? 4 * MC_QBLOCK : MC_QBLOCK;
     if (c->hidden < unit || c->hidden % unit != 0)
       return mc_fail(err, MC_ERR_INVALID_ARG,
                      "config->hidden=%d must be a multiple of %d to quantise in blocks of 128 with %s scales",
                      c->hidden, unit, ue ? "UE8M0" : "fp32");
-    const size_t tb = (size_t)c->hidden, sb = (size_t)c->hidden / 128 * (ue ? 1 : 4);
+    const size_t tb = (size_t)c->hidden, sb = mc_quant_scale_bytes(c->hidden, ue);
     if (c->token_bytes != tb || c->scale_bytes != sb)
       return mc_fail(err, MC_ERR_INVALID_ARG,
                      "config->token_bytes=%zu / scale_bytes=%zu: quantising hidden=%d values to e4m3 they are %zu / "

@@ -24,6 +24,7 @@
 #ifndef MC_QUANT_H
 #define MC_QUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "mc_dtype.h"
@@ -31,6 +32,12 @@
 #define MC_QBLOCK 128       /* values per scale */
 #define MC_E4M3_MAX 448.0f  /* largest finite e4m3 value */
 #define MC_E4M3_NAN 0x7Fu
+
+/* Scale bytes of one token of `hidden` values: a scale per block, 4 bytes
+ * (fp32) or 1 (UE8M0). */
+MC_HD size_t mc_quant_scale_bytes(int hidden, int ue8m0) {
+  return (size_t)(hidden / MC_QBLOCK) * (ue8m0 ? 1u : 4u);
+}
 
 /* float -> e4m3, round to nearest even, saturating. */
 MC_HD uint8_t mc_f32_to_e4m3(float x) {

@@ -1,6 +1,7 @@
 /* mc_gpu_kernels.cuh - dispatch and combine on the GPU, written once for
- * both GPU transports. The including .cu file first defines the device-side
- * transport interface:
+ * both GPU transports (dispatch's prep in mc_gpu_prep.cuh, combine's kernels
+ * in mc_gpu_combine.cuh, both included here). The including .cu file first
+ * defines the device-side transport interface:
  *
  *   mc_t_put_signal_warp(a, dst_off, src, bytes, slot, value, op, pe)
  *       warp-collective: copy bytes from src (this rank's window or device
@@ -63,7 +64,6 @@
 #include "mc_gpu_rows.cuh"
 
 #define MC_THREADS 512
-#define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: 2 blocks of 256 per SM at <= 128 registers */
 
 /* Dynamic shared memory, beside the kernels that carve it (prep's: mc_gpu_prep.cuh).
  * dispatch-send (chunked) and combine-send: sent[W], what this block stored into each rank;
@@ -158,8 +158,8 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const mc_r
   }
 }
 
-/* What a receiving part waits for from rank src, written once. Each
- * returns 1 on a failure (recorded). */
+/* What dispatch-recv waits for from rank src, written once (combine-recv's:
+ * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded). */
 MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
   return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
                         round);
@@ -173,15 +173,6 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
                         seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records * mc_record_pieces(&a.s),
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
-/* combine-recv: every row segment src owes this rank */
-MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
-  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(&a.s));
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                        seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s),
-                        MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round);
-}
-
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
@@ -408,179 +399,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_kn(m
   mc_dispatch_send_one_body(a, a.s.topk);
 }
 
-/* ---- combine-send (whole grid): one warp per (received record, row segment) ----
- * Enter the round barrier, then for each segment of each pre-reduced row:
- * the fp32 sum of the record's experts on this rank, weighted, ascending
- * local expert, rounded to the wire dtype, stored straight into every group
- * member's window that is directly reachable, or into staging for the
- * others. The warp that finishes a row's last segment (a per-row counter)
- * sends the row's signal: one release per direct member, one
- * put-with-signal per staged member. Each lane keeps four 8-element loads
- * in flight per expert. (Measured: a warp per whole row starves the SMs of
- * warps, a signal per segment costs a system-scope release each.) */
-MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
-  const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
-  const uint64_t round = *mc_ws_round(&a);
-  const int n_route = (int)sc[MC_WS_N_ROUTE];
-  mc_trace_start(&a, MC_TK_CSEND);
-  extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
-  for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
-  __syncthreads();
-  if (blockIdx.x == 0)
-    for (int p = threadIdx.x; p < W; p += blockDim.x) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
-      else mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
-    }
-  const uint64_t row_bytes = mc_row_bytes(s);
-  const int segs = mc_row_segs(s);
-  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
-  const int64_t row_groups = s->hidden / 8;
-  uint32_t *rowdone = mc_ws_u32(&a, mc_ws_rowdone_off(s));
-  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int it = gw; it < n_route * segs; it += nw) {
-    const int i = it / segs, sg = it % segs;
-    const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-    const int n = r->n_targets, first = (r->src_rank / G) * G;
-    const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
-    unsigned char *stage = a.win + mc_comb_send_off(s, i);
-    const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
-    float acc[MC_SEG_GROUPS_PER_LANE][8];
-    mc_seg_zero(acc);
-    for (int k = 0; k < n; k++) {
-      const mc_target_t tg = r->targets[k];
-      mc_seg_axpy(acc, tg.weight,
-                  (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
-                  dt);
-    }
-    bool any_staged = false;
-    for (int p = first; p < first + G; p++) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      any_staged |= peer == NULL;
-      if (peer) mc_seg_store(peer + dst_off, acc, seg, dt, dt);
-    }
-    __syncwarp();
-    if (lane == 0)
-      for (int p = first; p < first + G; p++)
-        if (mc_t_peer_window(&a, p)) atomicAdd(&count[p], 1u);
-    if (!any_staged) continue;
-    /* staged members get the whole row by one put: count this segment done,
-     * the row's last segment puts it, adding segs to the signal (the unit
-     * is a segment for every source, direct or not) */
-    mc_seg_store(stage, acc, seg, dt, dt);
-    __syncwarp();
-    uint32_t done = 0;
-    if (lane == 0) {
-      __threadfence(); /* our segment's stores before the count another warp acts on */
-      done = atomicAdd(&rowdone[i], 1u);
-    }
-    done = __shfl_sync(0xffffffffu, done, 0);
-    if (done != (uint32_t)segs - 1) continue;
-    if (lane == 0) rowdone[i] = 0; /* for the next round */
-    /* the other warps' segments, seen through the count, before the put */
-    mc_fence_peers(&a);
-    for (int p = first; p < first + G; p++)
-      if (!mc_t_peer_window(&a, p))
-        mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, (uint64_t)segs, MC_SIG_ADD, p);
-  }
-  mc_block_signal_counts(a, count, MC_SIG_COMB_ROWS);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
-    st[MC_STAT_CROWS] += (uint64_t)n_route * G;
-    st[MC_STAT_CBYTES] += (uint64_t)n_route * G * row_bytes;
-  }
-  mc_trace_end(&a, MC_TK_CSEND);
-}
-/* One inlined copy of the body per wire dtype: with the dtype a constant,
- * each copy holds only its own loads and conversions in registers (one
- * generic body needed 225 registers per thread, one block per SM). */
-static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
-  mc_pdl_launch_dependents();
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  switch (a.in_dtype) {
-  case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
-  case MC_DTYPE_FP16: mc_combine_send_body(a, MC_DTYPE_FP16); break;
-  default: mc_combine_send_body(a, MC_DTYPE_FP32); break;
-  }
-}
-
-/* ---- combine-recv (whole grid) ----
- * Wait for every rank's rows, sum each token's rows in ascending rank order
- * in fp32, round once; then wait for every rank's barrier signal of this
- * round (nobody may start the next dispatch-send while a peer still reads
- * this round's dispatch buffers). */
-MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int odt) {
-  const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
-  const uint64_t round = *mc_ws_round(&a);
-  const int m_eff = (int)sc[MC_WS_M_EFF];
-  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
-  __shared__ int abort_;
-  mc_trace_start(&a, MC_TK_CRECV);
-  if (tid == 0) abort_ = 0;
-  __syncthreads();
-  const int segs = mc_row_segs(s); /* the rows signal counts row segments */
-  for (int src = tid; src < W; src += blockDim.x)
-    if (mc_wait_rows(a, src, round)) abort_ = 1;
-  __syncthreads();
-  if (abort_) return;
-  mc_trace_point(&a, MC_TK_CRECV, 0);
-  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
-  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
-  const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
-  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes), row_groups = s->hidden / 8;
-  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  /* one warp per (token, segment): four 8-element groups per lane in flight */
-  for (int it = gw; it < m_eff * segs; it += nw) {
-    const int t = it / segs, sg = it % segs;
-    const uint16_t *d = dests + (int64_t)t * K;
-    const int nd = n_dests[t];
-    const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
-    float acc[MC_SEG_GROUPS_PER_LANE][8];
-    mc_seg_zero(acc);
-    /* one row at a time: two rows' loads in flight spilled here (combine-send can afford it) */
-    for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, dt);
-    mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
-  }
-  mc_trace_point(&a, MC_TK_CRECV, 1);
-  for (int p = tid; p < W; p += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
-      abort_ = 1;
-  __syncthreads();
-  if (abort_) return;
-  mc_trace_end(&a, MC_TK_CRECV);
-  if (tid == 0) {
-    __threadfence();
-    unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
-    if (done == gridDim.x - 1) {
-      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * segs;
-      sc[MC_WS_DONE_CRECV] = 0;
-    }
-  }
-}
-
-/* Call body(a, in, out) with the (wire, output) dtype pair as constants for
- * the common pairs (one inlined copy each, as for combine-send), one
- * generic copy for the others. Both combine-recv kernels use it. */
-#define MC_BY_DTYPE_PAIR(body, a)                                                                                      \
-  do {                                                                                                                 \
-    if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_BF16) body(a, MC_DTYPE_BF16, MC_DTYPE_BF16);       \
-    else if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_BF16, MC_DTYPE_FP32);  \
-    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP16) body(a, MC_DTYPE_FP16, MC_DTYPE_FP16);  \
-    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP16, MC_DTYPE_FP32);  \
-    else if ((a).in_dtype == MC_DTYPE_FP32 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP32, MC_DTYPE_FP32);  \
-    else body(a, (a).in_dtype, (a).out_dtype);                                                                         \
-  } while (0)
-
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
-  mc_pdl_wait();
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
-}
+#include "mc_gpu_combine.cuh"
 
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
  * peer's slot, then waits for every peer's. Counts only grow, so a SET of
