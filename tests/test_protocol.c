@@ -55,7 +55,9 @@ int test_world_sizes(void) {
  * expert_x and expert_scale must hold, byte for byte, what the reference
  * quantiser (tests/ref/mc_ref_quant.c) makes of them, in both scale
  * formats, over world and group sizes, with refused calls among the rounds
- * (scales passed while quantising among them) and as processes too. */
+ * (scales passed while quantising among them) and as processes too; and
+ * the way it replaces, rows quantised apart first (mc_dev_quantise, the
+ * same rules) and dispatched as bytes. */
 int test_quant_dispatch(void) {
   for (int i = 0; i < 12; i++) {
     mc_case_t c;
@@ -73,6 +75,7 @@ int test_quant_dispatch(void) {
     o.rounds = 3;
     o.inject_bad = i % 4 == 1;
     o.processes = i % 5 == 2;
+    o.quant_apart = i % 4 == 3;
     MC_CHECK(run_case(&c, &o) == 0);
   }
   return 0;

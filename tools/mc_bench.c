@@ -63,6 +63,9 @@ static void usage(FILE *f) {
       "      --quantise F      tokens are bf16 rows that dispatch quantises to e4m3 with a scale\n"
       "                        per 128 values, F fp32 or ue8m0 (MC_INPUT_BF16_TO_E4M3; token and\n"
       "                        scale bytes follow from --hidden)\n"
+      "      --quantise-apart  with --quantise: a kernel of its own quantises the rows before a\n"
+      "                        dispatch of e4m3 bytes, timed with it (what quantising in\n"
+      "                        dispatch saves)\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -111,7 +114,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
   mc_run_opts_t *o = &a->o;
   int token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT, O_QAPART };
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -122,6 +125,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
       {"floor", 0, 0, O_FLOOR},   {"int64-ids", 0, 0, O_IDS64}, {"quantise", 1, 0, O_QUANT},
+      {"quantise-apart", 0, 0, O_QAPART},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
@@ -155,6 +159,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
       else if (!strcmp(optarg, "ue8m0")) c->quant = MC_REF_QUANT_UE8M0;
       else return fprintf(stderr, "--quantise: fp32 or ue8m0\n"), 2;
       break;
+    case O_QAPART: o->quant_apart = 1; break;
     case O_NOCHECK: o->check = 0; break;
     case O_JSON: a->json = 1; break;
     case O_TRANSPORT:
@@ -194,6 +199,8 @@ static int settle_args(bench_args_t *a) {
   if (o->warmup < o->check_first) o->warmup = o->check_first; /* the checked rounds stay out of the samples */
   if ((o->graph_timed || o->whole || o->floor) && o->transport == MC_TRANSPORT_CPU)
     return fprintf(stderr, "--graph, --whole, --floor: GPU timing modes (--transport nvshmem or p2p)\n"), 2;
+  if (o->quant_apart && (!c->quant || o->graph_timed))
+    return fprintf(stderr, "--quantise-apart: with --quantise, and not with --graph\n"), 2;
   if (a->sizes_only) return -1;
   const int gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
   if (o->transport == MC_TRANSPORT_P2P) a->dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */
@@ -311,11 +318,12 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
   printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
          "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
          "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"index_dtype\": \"%s\", "
-         "\"quantise\": \"%s\"},\n",
+         "\"quantise\": \"%s\", \"quantise_apart\": %s},\n",
          c->world_size, c->group_size, c->max_tokens, c->num_experts, c->topk, c->hidden, c->token_bytes,
          c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), o->rounds, o->warmup,
          (unsigned long long)c->seed, o->graph_timed ? "true" : "false", o->whole ? "true" : "false",
-         o->ids64 ? "int64" : "int32", c->quant == MC_REF_QUANT_FP32 ? "fp32" : c->quant ? "ue8m0" : "no");
+         o->ids64 ? "int64" : "int32", c->quant == MC_REF_QUANT_FP32 ? "fp32" : c->quant ? "ue8m0" : "no",
+         o->quant_apart ? "true" : "false");
   printf(" \"latency_us\": {");
   const int first = o->whole ? MC_PH_COUNT : 0; /* --whole: no halves */
   for (int ph = first; ph < N_ROWS; ph++)

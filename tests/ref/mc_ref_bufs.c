@@ -54,7 +54,10 @@ void mc_rr_run_experts(const mc_case_t *c, bufs_t *b, int rank) {
 void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b) {
   free(d->wide);
   d->wide = NULL;
-  if (!d->gpu) return; /* aliases of the host buffers */
+  mc_dev_free(d->gpu, d->qx);
+  mc_dev_free(d->gpu, d->qxs);
+  d->qx = d->qxs = NULL;
+  if (!d->gpu) return; /* the rest: aliases of the host buffers */
   void *all[] = {d->tokens, d->scales, d->indices, d->weights, d->bound,  d->x,
                  d->xs,     d->count,  d->y,       d->out,     d->scratch};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -69,6 +72,8 @@ int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t
   d->gpu = gpu;
   d->ids64 = ids64;
   if (ids64 && !(d->wide = malloc(M * K * sizeof(int64_t)))) return -1;
+  if (c->quant && (!(d->qx = mc_dev_alloc(gpu, M * c->token_bytes)) || !(d->qxs = mc_dev_alloc(gpu, M * c->scale_bytes))))
+    return -1;
   if (!gpu) { /* the library reads and writes the host buffers directly */
     d->x = b->x, d->xs = b->xs, d->count = b->count, d->y = b->y, d->out = b->out;
     return 0;

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "mc_quant.h"
+
 #ifdef MC_REF_CUDA
 #include <cuda_runtime_api.h>
 static _Thread_local cudaEvent_t marks[MC_DEV_MARKS]; /* per rank: ranks may be threads */
@@ -122,6 +124,29 @@ int mc_dev_sync(int gpu) {
 }
 
 static _Thread_local volatile double sink_;
+#ifdef MC_REF_CUDA
+int mc_ref_quantise_on_gpu(const void *x, int m, int hidden, int ue8m0, void *q, void *scales, void *stream);
+#endif
+
+int mc_dev_quantise(int gpu, const void *x, int m, int hidden, int ue8m0, void *q, void *scales) {
+#ifdef MC_REF_CUDA
+  if (gpu) return mc_ref_quantise_on_gpu(x, m, hidden, ue8m0, q, scales, cudaStreamPerThread);
+#endif
+  (void)gpu;
+  const size_t nb = (size_t)m * (size_t)(hidden / MC_QBLOCK);
+  for (size_t b = 0; b < nb; b++) {
+    const uint16_t *xb = (const uint16_t *)x + b * MC_QBLOCK;
+    uint8_t *qb = (uint8_t *)q + b * MC_QBLOCK;
+    if (ue8m0) {
+      ((uint8_t *)scales)[b] = mc_quant_block_ue8m0(xb, MC_QBLOCK, qb);
+    } else {
+      const float s = mc_quant_block_fp32(xb, MC_QBLOCK, qb);
+      memcpy((uint8_t *)scales + b * 4, &s, sizeof s);
+    }
+  }
+  return 0;
+}
+
 void mc_dev_busy(int gpu, void *scratch, size_t n) {
 #ifdef MC_REF_CUDA
   if (gpu) { /* a few passes over a scratch buffer, queued on the stream */

@@ -23,6 +23,11 @@ int mc_dev_sync(int gpu);                             /* mc_dev_stream(), not th
  * calling thread's own (cudaStreamPerThread), so ranks that are threads of
  * one process on one GPU do not serialise on stream 0; NULL without CUDA */
 void *mc_dev_stream(void);
+/* m rows of `hidden` bf16 values into e4m3 rows q and a scale per 128
+ * (fp32, or UE8M0 bytes), by src/core/mc_quant.h's rules: on the GPU a
+ * kernel queued on mc_dev_stream() (mc_ref_quant_dev.cu), else on the
+ * host. What a model runs where dispatch does not quantise. 0 on success. */
+int mc_dev_quantise(int gpu, const void *x, int m, int hidden, int ue8m0, void *q, void *scales);
 /* other work on the stream between a send and its recv */
 void mc_dev_busy(int gpu, void *scratch, size_t n);
 void mc_dev_mark(int gpu, int k);

@@ -3,6 +3,7 @@
  * double precision, scales from ldexp, so that the two agree only where the
  * rules (stated in mc_quant.h) are met by both. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -13,15 +14,33 @@ static double e4m3_value(int c) { /* c in 0..0x7E */
   return e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp((double)m, -9);
 }
 
+/* The values of codes 0..0x7E (they grow with the code), decoded once:
+ * pthread_once, as ranks may be threads. */
+static double code_value[0x7F];
+static void fill_values(void) {
+  for (int c = 0; c <= 0x7E; c++) code_value[c] = e4m3_value(c);
+}
+
 uint8_t mc_ref_e4m3(float x) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, fill_values);
   if (isnan(x)) return 0x7F;
   const uint8_t sign = signbit(x) ? 0x80 : 0;
   const double a = fabs((double)x);
   if (a >= 448.0) return (uint8_t)(sign | 0x7E);
-  int best = 0;
-  for (int c = 1; c <= 0x7E; c++) {
-    const double d = fabs(e4m3_value(c) - a), db = fabs(e4m3_value(best) - a);
-    if (d < db || (d == db && (c & 1) == 0 && (best & 1) == 1)) best = c;
+  /* the last code not above a (a search: the harness quantises whole
+   * batches every round), then the nearer of it and the next; a tie goes
+   * to the even code */
+  int lo = 0, hi = 0x7E;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (code_value[mid] <= a) lo = mid;
+    else hi = mid - 1;
+  }
+  int best = lo;
+  if (lo < 0x7E) {
+    const double d0 = a - code_value[lo], d1 = code_value[lo + 1] - a;
+    if (d1 < d0 || (d1 == d0 && (lo & 1))) best = lo + 1;
   }
   return (uint8_t)(sign | best);
 }

@@ -27,6 +27,7 @@ typedef struct dbufs {
   int ids64;     /* the handle takes int64 ids: wide holds this round's as int64 (host) */
   int64_t *wide; /* [max_tokens][topk] */
   void *tokens, *scales, *indices, *weights, *bound, *x, *xs, *count, *y, *out, *scratch;
+  void *qx, *qxs; /* quantising cases: the e4m3 rows and scales of a quantisation apart from dispatch */
 } dbufs_t;
 
 /* Put this round's inputs where the library reads them; returns the

@@ -117,7 +117,7 @@ static int rank_setup(rank_st_t *st) {
   ac.combine_in_dtype = c->in_dtype;
   ac.combine_out_dtype = c->out_dtype;
   ac.index_dtype = o->ids64 ? MC_INDEX_INT64 : MC_INDEX_INT32;
-  ac.dispatch_input = c->quant ? MC_INPUT_BF16_TO_E4M3 : MC_INPUT_BYTES;
+  ac.dispatch_input = c->quant && !o->quant_apart ? MC_INPUT_BF16_TO_E4M3 : MC_INPUT_BYTES;
   ac.scale_format = c->quant == MC_REF_QUANT_UE8M0 ? MC_SCALE_UE8M0 : MC_SCALE_FP32;
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
@@ -171,10 +171,18 @@ static int round_barrier(rank_st_t *st) {
 /* Dispatch as one call or two halves, between marks 0-3. */
 static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
   dbufs_t *d = &st->d;
+  const void *tokens = ci->tokens, *scales = ci->scales;
 #define DISPATCH(flags)                                                                                                \
-  mc_dispatch(st->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,  \
+  mc_dispatch(st->a2a, tokens, scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,          \
               mc_dev_stream())
   mc_dev_mark(st->gpu, 0);
+  if (st->o->quant_apart) { /* the rows quantised first, then sent as bytes */
+    if (mc_dev_quantise(st->gpu, ci->tokens, m, st->c->hidden, st->c->quant == MC_REF_QUANT_UE8M0, d->qx, d->qxs)) {
+      mc_rr_fail(st->me, 0, "round %llu rank %d: quantising apart failed", (unsigned long long)st->round, st->rank);
+      return -1;
+    }
+    tokens = d->qx, scales = d->qxs;
+  }
   if (one_call) {
     API(st, DISPATCH(MC_SEND_RECV));
   } else {

@@ -1,0 +1,58 @@
+/* mc_ref_quant_dev.cu - quantisation as a kernel of its own: what a model
+ * runs before an fp8 dispatch where dispatch does not quantise, and so the
+ * cost that quantising inside dispatch must beat (mc-bench
+ * --quantise-apart). The rules and functions of src/core/mc_quant.h; a
+ * thread makes 16 values, the 8 threads of a block of 128 share its amax
+ * by shuffles, every load and store is 16 bytes. */
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include "mc_quant.h"
+
+/* parts: values / 16 (a multiple of 8: whole blocks); x bf16, q e4m3, one
+ * scale a block (fp32, or the UE8M0 byte) */
+__global__ void mc_ref_k_quantise(const uint16_t *x, size_t parts, int ue8m0, uint8_t *q, uint8_t *scales) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  uint16_t v[16];
+  uint32_t amax = 0; /* as float bits: finite values only */
+  if (i < parts) {
+    const int4 lo = ((const int4 *)x)[2 * i], hi = ((const int4 *)x)[2 * i + 1];
+    memcpy(v, &lo, 16);
+    memcpy(v + 8, &hi, 16);
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+      const uint32_t b = ((uint32_t)v[k] << 16) & 0x7fffffffu;
+      if (b < 0x7f800000u && b > amax) amax = b;
+    }
+  }
+  /* the 8 parts of a block are 8 neighbouring lanes (i % 8 == lane % 8) */
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (i >= parts) return;
+  uint8_t out[16];
+  if (ue8m0) {
+    const int e = mc_ue8m0_exp(mc_bits_f32(amax));
+    const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
+#pragma unroll
+    for (int k = 0; k < 16; k++) out[k] = mc_f32_to_e4m3(mc_bf16_to_f32(v[k]) * inv);
+    if (i % 8 == 0) scales[i / 8] = (uint8_t)(e + 127);
+  } else {
+    const float am = mc_bits_f32(amax), s = am > 0.0f ? am / MC_E4M3_MAX : 1.0f;
+#pragma unroll
+    for (int k = 0; k < 16; k++) out[k] = mc_f32_to_e4m3(mc_bf16_to_f32(v[k]) / s);
+    if (i % 8 == 0) ((float *)scales)[i / 8] = s;
+  }
+  int4 o4;
+  memcpy(&o4, out, 16);
+  ((int4 *)q)[i] = o4;
+}
+
+extern "C" int mc_ref_quantise_on_gpu(const void *x, int m, int hidden, int ue8m0, void *q, void *scales,
+                                      void *stream) {
+  const size_t parts = (size_t)m * (size_t)hidden / 16;
+  if (parts == 0) return 0;
+  const unsigned threads = 256, blocks = (unsigned)((parts + threads - 1) / threads);
+  mc_ref_k_quantise<<<blocks, threads, 0, (cudaStream_t)stream>>>((const uint16_t *)x, parts, ue8m0, (uint8_t *)q,
+                                                                   (uint8_t *)scales);
+  return cudaGetLastError() != cudaSuccess;
+}
