@@ -82,6 +82,7 @@ static void *ov_main(void *p) {
       for (int g = 0; g < OV_WORLD; g++) {
         mc_ref_input_free(&b[k].ins[g]);
         mc_ref_input(&r->cases[k], round, g, &b[k].ins[g]);
+        mc_ref_input_payload(&r->cases[k], &b[k].ins[g]);
       }
 #define DISP(k, flags)                                                                                                 \
   mc_dispatch(b[k].a2a, b[k].ins[r->rank].tokens, b[k].ins[r->rank].scales, b[k].ins[r->rank].indices,                 \

@@ -27,7 +27,7 @@ int mc_ref_local_experts(const mc_case_t *c) { return c->num_experts / c->world_
 size_t mc_ref_in_row_bytes(const mc_case_t *c) { return c->quant ? 2 * (size_t)c->hidden : c->token_bytes; }
 
 /* Quantised cases: bf16 rows whose magnitudes differ from block to block
- * (the scales matter), with some zeros, and the payload they quantise to. */
+ * (the scales matter), with some zeros (their payload: mc_ref_input_payload). */
 static void quant_rows(const mc_case_t *c, uint64_t *st, int m, mc_input_t *in) {
   uint16_t *x = (uint16_t *)in->raw;
   const int blocks = c->hidden / 128;
@@ -39,10 +39,18 @@ static void quant_rows(const mc_case_t *c, uint64_t *st, int m, mc_input_t *in) 
         const uint32_t e = center - (uint32_t)(r % 10);
         x[((size_t)t * c->hidden) + (size_t)b * 128 + i] = r % 41 == 0 ? 0 : (uint16_t)(((r >> 8) & 0x807fu) | (e << 7));
       }
+    }
+}
+
+void mc_ref_input_payload(const mc_case_t *c, mc_input_t *in) {
+  if (!c->quant || in->payload_made) return;
+  const uint16_t *x = (const uint16_t *)in->raw;
+  for (int t = 0; t < in->m; t++)
+    for (int b = 0; b < c->hidden / 128; b++)
       mc_ref_quant_block(x + (size_t)t * c->hidden + (size_t)b * 128, 128, c->quant == MC_REF_QUANT_UE8M0,
                          in->tokens + (size_t)t * c->token_bytes + (size_t)b * 128,
                          in->scales + (size_t)t * c->scale_bytes + (size_t)b * (c->quant == MC_REF_QUANT_UE8M0 ? 1 : 4));
-    }
+  in->payload_made = 1;
 }
 
 int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) {

@@ -40,12 +40,17 @@ typedef struct mc_input {
                        rows that quantise to tokens and scales) */
   int32_t *indices; /* [m][topk] */
   float *weights;   /* [m][topk] or NULL */
+  int payload_made; /* quantised cases: tokens and scales filled (mc_ref_input_payload) */
 } mc_input_t;
 
 /* Bytes of one row of mc_dispatch's tokens: token_bytes, or 2 x hidden (bf16) when quantised. */
 size_t mc_ref_in_row_bytes(const mc_case_t *c);
 /* Draw group g's inputs of `round` (pure function of case, round, group). */
 int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in);
+/* Quantised cases: the payload the rows quantise to (tokens, scales), by the
+ * reference quantiser; apart from mc_ref_input because only checked rounds
+ * need it, and it takes the host far longer than the GPU takes to send. */
+void mc_ref_input_payload(const mc_case_t *c, mc_input_t *in);
 void mc_ref_input_free(mc_input_t *in);
 
 /* Expected dispatch output on `rank`: count[L], and for each slot < count

@@ -45,6 +45,7 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
     for (int gi = 0; gi < groups; gi++) {
       mc_ref_input_free(&b->ins[gi]);
       mc_ref_input(c, round, gi, &b->ins[gi]);
+      mc_ref_input_payload(c, &b->ins[gi]);
     }
     mc_input_t *in = &b->ins[rank / c->group_size];
     call_in_t ci;

@@ -141,6 +141,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
       mc_rr_fail(st->me, 0, "rank %d: out of host memory for inputs", st->rank);
       return -1;
     }
+    if (check) mc_ref_input_payload(c, &st->b.ins[g]);
   }
   if (mc_rr_upload_inputs(c, &st->b.ins[st->rank / G], &st->d, ci) != 0) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
