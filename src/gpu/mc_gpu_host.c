@@ -174,6 +174,13 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
                    phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
                    (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round);
   }
+  if (code == MC_DEVERR_GROUP_DIFFERS) { /* as the cpu transport says it; the handle is done */
+    a2a->aborted = 1;
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "mc_dispatch: ranks %d and %d of group %d passed different m, indices or weights (every rank "
+                   "of a group must pass the same); the round cannot finish",
+                   e->slot, e->peer, e->value);
+  }
   if (code == MC_DEVERR_BAD_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): indices[%d][%d]=%lld is not an expert id in 0..%d; "
