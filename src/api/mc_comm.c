@@ -1,5 +1,7 @@
 /* mc_comm.c - the communicator: who am I, how many of us, which transport,
  * and the out-of-band collectives everything else bootstraps with. */
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,20 @@ typedef struct {
 int mc_verbose(void) {
   const mc_params_t *p = mc_params(NULL);
   return p && p->verbose;
+}
+
+int mc_pid_gone(int64_t pid) {
+  if (pid <= 0 || pid == (int64_t)getpid()) return 0;
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
+  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
 }
 
 uint64_t mc_host_id(void) {

@@ -117,5 +117,9 @@ mc_result_t mc_comm_barrier(mc_comm_t *comm);
 int mc_verbose(void);
 /* FNV-1a of the host name (or of $MC_HOST_ID): ranks on one host give the same value */
 uint64_t mc_host_id(void);
+/* Whether process pid (on this host) is gone: no such process, or a zombie
+ * its parent has not reaped yet. 0 for this process (a thread of it cannot
+ * be told dead from stalled). */
+int mc_pid_gone(int64_t pid);
 
 #endif

@@ -51,23 +51,9 @@ static _Atomic uint64_t *waiting_word(mc_a2a_t *a2a, int r) {
   return sig_at(mc_cpu(a2a)->peer[r], &a2a->shape, MC_SIG_WAITING, r);
 }
 
-/* Whether rank r's process is gone: no such process, or a zombie that
- * its parent has not reaped yet (a peer in another process only: a thread
- * of this one cannot be told dead from stalled). */
-static int process_gone(mc_a2a_t *a2a, int r) {
-  const int64_t pid = mc_cpu(a2a)->pid[r];
-  if (pid == (int64_t)getpid()) return 0;
-  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
-  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
-}
+/* Whether rank r's process is gone (mc_pid_gone; a peer in another process
+ * only: a thread of this one cannot be told dead from stalled). */
+static int process_gone(mc_a2a_t *a2a, int r) { return mc_pid_gone(mc_cpu(a2a)->pid[r]); }
 
 /* After a timeout waiting for `peer`: follow who waits for whom from there
  * to the rank at the root (one that waits for nobody, or whose process is

@@ -77,6 +77,8 @@ void mc_gpu_free(mc_gpu_t *g) {
   if (g->trace_file) fclose(g->trace_file);
   if (g->ws) cudaFree(g->ws);
   if (g->err_h) cudaFreeHost(g->err_h);
+  free(g->pid);
+  free(g->host);
   free(g); /* g->peers is the transport's to free */
 }
 
@@ -129,6 +131,10 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   mine.pid = (int32_t)getpid();
   mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   int same = rc == MC_SUCCESS, on_mine = 0, threads_here = 0;
+  g->pid = calloc((size_t)comm->world_size, sizeof *g->pid);
+  g->host = calloc((size_t)comm->world_size, sizeof *g->host);
+  if (rc == MC_SUCCESS && (!g->pid || !g->host)) rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) g->pid[r] = all[r].pid, g->host[r] = all[r].host;
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
     const int here = memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
     same &= here;
@@ -161,6 +167,42 @@ static const char *slot_name(int s) {
   return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 
+/* After a timeout waiting for `peer`: who that rank waits for, and so on,
+ * to the rank at the root (one whose process is gone, or that waits for
+ * nobody), from each rank's "waiting for" word (MC_SIG_WAITING, set by a
+ * wait that lasted, mc_dev.cuh) in its window, read where this process can
+ * copy from it; as the cpu transport says it. */
+static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
+  mc_gpu_t *g = a2a->impl;
+  const int W = a2a->comm->world_size, me = a2a->comm->rank;
+  size_t off = 0;
+  out[0] = '\0';
+  cudaStream_t st;
+  if (!g->pid || !g->peer_window || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return;
+  for (int hop = 0, cur = peer; hop < W && off < n; hop++) {
+    const char *sep = hop ? "," : ";";
+    if (g->host[cur] == g->host[me] && mc_pid_gone(g->pid[cur])) {
+      snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
+               (long long)g->pid[cur], cur);
+      break;
+    }
+    unsigned char *win = g->peer_window(a2a, cur);
+    uint64_t w = 0;
+    if (!win || cudaMemcpyAsync(&w, win + mc_sig_off(&a2a->shape, MC_SIG_WAITING, cur), sizeof w,
+                                cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess)
+      break;
+    const int next = (int)w - 1;
+    if (w == 0 || w > (uint64_t)W || next == me || next == cur) {
+      if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
+      break;
+    }
+    off += (size_t)snprintf(out + off, n - off, "%s rank %d waits for rank %d", sep, cur, next);
+    cur = next;
+  }
+  cudaStreamDestroy(st);
+}
+
 static mc_result_t device_error(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   volatile mc_dev_error_t *e = g->err_h;
@@ -169,10 +211,13 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   __sync_synchronize();
   mc_result_t rc;
   if (code == MC_DEVERR_TIMEOUT) {
+    char root[256];
+    describe_root(a2a, e->peer, root, sizeof root);
     return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round %llu",
+                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round "
+                   "%llu%s",
                    phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
-                   (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round);
+                   (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round, root);
   }
   if (code == MC_DEVERR_GROUP_DIFFERS) { /* as the cpu transport says it; the handle is done */
     a2a->aborted = 1;
