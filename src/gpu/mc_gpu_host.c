@@ -167,40 +167,36 @@ static const char *slot_name(int s) {
   return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 
-/* After a timeout waiting for `peer`: who that rank waits for, and so on,
- * to the rank at the root (one whose process is gone, or that waits for
- * nobody), from each rank's "waiting for" word (MC_SIG_WAITING, set by a
- * wait that lasted, mc_dev.cuh) in its window, read where this process can
- * copy from it; as the cpu transport says it. */
+/* Who waits for whom after a timeout (mc_describe_wait_root): a rank's
+ * process where it runs on this host, its "waiting for" word (set by a
+ * wait that lasted, mc_dev.cuh) copied from its window where this process
+ * maps it. */
+typedef struct gpu_view {
+  mc_a2a_t *a2a;
+  cudaStream_t st;
+} gpu_view_t;
+static int gpu_gone(void *ctx, int r, int64_t *pid) {
+  mc_a2a_t *a2a = ((gpu_view_t *)ctx)->a2a;
+  mc_gpu_t *g = a2a->impl;
+  *pid = g->pid[r];
+  return g->host[r] == g->host[a2a->comm->rank] && mc_pid_gone(g->pid[r]);
+}
+static int gpu_waiting(void *ctx, int r, uint64_t *word) {
+  gpu_view_t *v = ctx;
+  unsigned char *win = ((mc_gpu_t *)v->a2a->impl)->peer_window(v->a2a, r);
+  return win &&
+         cudaMemcpyAsync(word, win + mc_sig_off(&v->a2a->shape, MC_SIG_WAITING, r), sizeof *word,
+                         cudaMemcpyDeviceToHost, v->st) == cudaSuccess &&
+         cudaStreamSynchronize(v->st) == cudaSuccess;
+}
 static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
   mc_gpu_t *g = a2a->impl;
-  const int W = a2a->comm->world_size, me = a2a->comm->rank;
-  size_t off = 0;
+  gpu_view_t v = {a2a, NULL};
   out[0] = '\0';
-  cudaStream_t st;
-  if (!g->pid || !g->peer_window || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return;
-  for (int hop = 0, cur = peer; hop < W && off < n; hop++) {
-    const char *sep = hop ? "," : ";";
-    if (g->host[cur] == g->host[me] && mc_pid_gone(g->pid[cur])) {
-      snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
-               (long long)g->pid[cur], cur);
-      break;
-    }
-    unsigned char *win = g->peer_window(a2a, cur);
-    uint64_t w = 0;
-    if (!win || cudaMemcpyAsync(&w, win + mc_sig_off(&a2a->shape, MC_SIG_WAITING, cur), sizeof w,
-                                cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-        cudaStreamSynchronize(st) != cudaSuccess)
-      break;
-    const int next = (int)w - 1;
-    if (w == 0 || w > (uint64_t)W || next == me || next == cur) {
-      if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
-      break;
-    }
-    off += (size_t)snprintf(out + off, n - off, "%s rank %d waits for rank %d", sep, cur, next);
-    cur = next;
-  }
-  cudaStreamDestroy(st);
+  if (!g->pid || !g->peer_window || cudaStreamCreateWithFlags(&v.st, cudaStreamNonBlocking) != cudaSuccess) return;
+  const mc_wait_view_t view = {&v, gpu_gone, gpu_waiting};
+  mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, out, n);
+  cudaStreamDestroy(v.st);
 }
 
 static mc_result_t device_error(mc_a2a_t *a2a) {
