@@ -348,8 +348,9 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
   mc_prep_publish(a, count, rexp, m_eff);
-  for (int i = tid; i < W * (L + 3); i += blockDim.x) { /* words: records, per expert, the digest (2) */
-    const int dst = i / (L + 3), l = i % (L + 3);
+  const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
+  for (int i = tid; i < W * nw; i += blockDim.x) {
+    const int dst = i / nw, l = i % nw;
     uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
                          : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
     meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
