@@ -319,10 +319,10 @@ MC_API const char *mc_a2a_last_error(const mc_a2a_t *a2a);
  *            (device memory on GPU transports, host memory on cpu). Rows past it
  *            are ignored.
  * Every rank of a group passes the same tokens, indices, weights and m; each
- * sends a share of them. The cpu transport compares a digest of m, indices
+ * sends a share of them. Every transport compares a digest of m, indices
  * and weights across a group's ranks and fails every rank's recv half with
- * MC_ERR_INVALID_USAGE when they differ (the handle is then aborted); the
- * GPU transports do not check yet.
+ * MC_ERR_INVALID_USAGE when they differ (the handle is then aborted; on
+ * GPUs the failure is reported by the next call, or mc_a2a_check).
  *
  * Recv half (flags & MC_RECV) writes:
  *   expert_x     [num_local_experts][capacity][token_bytes]  16-byte aligned

@@ -42,6 +42,9 @@ int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms,
     MC_CHECK_MSG(me->failed && me->api_rc == MC_ERR_TIMEOUT, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(strstr(me->msg, waiting) != NULL, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(strstr(me->msg, "round 3") != NULL, "rank %d: %s", r, me->msg); /* the stalled round */
+    char missing[64]; /* a killed process: named as the one missing (its pid is gone) */
+    snprintf(missing, sizeof missing, "rank %d is the one missing", stalled);
+    MC_CHECK_MSG(!processes || strstr(me->msg, missing) != NULL, "rank %d: %s", r, me->msg);
     MC_CHECK_MSG(me->rc_after_timeout == MC_ERR_ABORTED, "rank %d: next call gave %s", r,
                  mc_result_string((mc_result_t)me->rc_after_timeout));
   }

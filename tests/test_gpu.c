@@ -56,6 +56,13 @@ static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) { re
 
 static int run_gpu(mc_case_t *c, mc_run_opts_t *o) { return run_on(c, o, gpu_transport()); }
 
+/* The same, keeping the per-rank results (the caller frees them). */
+static int run_gpu_result(mc_case_t *c, mc_run_opts_t *o, mc_run_result_t *res) {
+  o->processes = 1;
+  o->transport = gpu_transport();
+  return mc_run(c, o, res);
+}
+
 /* MC_TEST_MAX_WORLD=N caps every test's ranks at N, rounded down to a power
  * of two: one rank per GPU on a machine of N GPUs (scripts/gpu-multi.sh),
  * where more ranks than GPUs would share one without MPS. */
@@ -155,6 +162,42 @@ int test_gpu_topk_kernels(void) {
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
     MC_CHECK_MSG(run_gpu(&c, &o) == 0, "top-k %d", topks[i]);
+  }
+  return 0;
+}
+
+/* The ranks of a group must pass the same inputs: where one rank's weights
+ * differ, every rank's round fails with MC_ERR_INVALID_USAGE naming the two
+ * ranks and the group (the digest in the metas), as on the cpu transport. */
+int test_gpu_group_inputs_differ(void) {
+  REQUIRE_GPU();
+  if (cap_world(2) != 2) {
+    printf("skipped: needs 2 ranks\n");
+    return MC_TEST_SKIP;
+  }
+  for (int pass = 0; pass < 2; pass++) { /* one launch; more tokens than a prep chunk (the chunked prep) */
+    mc_case_t c;
+    small_case(&c, 2, 2, 90 + pass);
+    c.num_experts = 16;
+    c.no_weights = 0;
+    c.zero_tokens = 0;
+    c.use_bound_m = 0;
+    c.fixed_m = 1;
+    c.max_tokens = pass ? 300 : 24;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    o.timeout_ms = 3000;
+    o.differ_round = 2;
+    mc_run_result_t res;
+    MC_CHECK(run_gpu_result(&c, &o, &res) == 2);
+    for (int r = 0; r < 2; r++) {
+      fprintf(stderr, "rank %d: %s\n", r, res.ranks[r].msg);
+      MC_CHECK_MSG(res.ranks[r].api_rc == MC_ERR_INVALID_USAGE || res.ranks[r].api_rc == MC_ERR_ABORTED, "rank %d: %s",
+                   r, res.ranks[r].msg);
+      MC_CHECK_MSG(strstr(res.ranks[r].msg, "ranks 0 and 1 of group 0 passed different m, indices or weights"),
+                   "rank %d: %s", r, res.ranks[r].msg);
+    }
+    mc_run_free(&res);
   }
   return 0;
 }

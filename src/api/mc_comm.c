@@ -1,5 +1,7 @@
 /* mc_comm.c - the communicator: who am I, how many of us, which transport,
  * and the out-of-band collectives everything else bootstraps with. */
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,43 @@ typedef struct {
 int mc_verbose(void) {
   const mc_params_t *p = mc_params(NULL);
   return p && p->verbose;
+}
+
+int mc_pid_gone(int64_t pid) {
+  if (pid <= 0 || pid == (int64_t)getpid()) return 0;
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
+  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
+}
+
+void mc_describe_wait_root(int world_size, int me, int peer, const mc_wait_view_t *view, char *out, size_t n) {
+  size_t off = 0;
+  out[0] = '\0';
+  for (int hop = 0, cur = peer; hop < world_size && off < n; hop++) {
+    const char *sep = hop ? "," : ";";
+    int64_t pid = 0;
+    if (view->gone(view->ctx, cur, &pid)) {
+      snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
+               (long long)pid, cur);
+      return;
+    }
+    uint64_t w = 0;
+    if (!view->waiting(view->ctx, cur, &w)) return; /* this rank's word cannot be read from here */
+    const int next = (int)w - 1;
+    if (w == 0 || w > (uint64_t)world_size || next == me || next == cur) {
+      if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
+      return;
+    }
+    off += (size_t)snprintf(out + off, n - off, "%s rank %d waits for rank %d", sep, cur, next);
+    cur = next;
+  }
 }
 
 uint64_t mc_host_id(void) {

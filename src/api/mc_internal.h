@@ -117,5 +117,22 @@ mc_result_t mc_comm_barrier(mc_comm_t *comm);
 int mc_verbose(void);
 /* FNV-1a of the host name (or of $MC_HOST_ID): ranks on one host give the same value */
 uint64_t mc_host_id(void);
+/* Whether process pid (on this host) is gone: no such process, or a zombie
+ * its parent has not reaped yet. 0 for this process (a thread of it cannot
+ * be told dead from stalled). */
+int mc_pid_gone(int64_t pid);
+/* After a timeout waiting for `peer`: who that rank waits for, and so on, to
+ * the rank at the root (one whose process is gone, or that waits for
+ * nobody), appended to out as "; rank 2 waits for rank 3, rank 3's process
+ * (pid N) is gone: rank 3 is the one missing". A transport says, per rank,
+ * whether its process is gone (and its pid) and reads its "waiting for"
+ * word (MC_SIG_WAITING: 1 + the rank it waits for, 0 for none); 0 where it
+ * cannot. */
+typedef struct mc_wait_view {
+  void *ctx;
+  int (*gone)(void *ctx, int r, int64_t *pid);
+  int (*waiting)(void *ctx, int r, uint64_t *word);
+} mc_wait_view_t;
+void mc_describe_wait_root(int world_size, int me, int peer, const mc_wait_view_t *view, char *out, size_t n);
 
 #endif

@@ -211,7 +211,9 @@ enum {
   MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
   MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
   MC_WS_DONE_DSEND, /* one-launch dispatch: blocks done sending (the last writes the round number) */
-  MC_WS_NSCALARS = 9
+  MC_WS_SPARE,      /* keeps the digest below on 8 bytes */
+  MC_WS_DIGEST,     /* and the next: chunked prep: the sum of the chunks' group digests (uint64) */
+  MC_WS_NSCALARS = 12
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {

@@ -51,48 +51,16 @@ static _Atomic uint64_t *waiting_word(mc_a2a_t *a2a, int r) {
   return sig_at(mc_cpu(a2a)->peer[r], &a2a->shape, MC_SIG_WAITING, r);
 }
 
-/* Whether rank r's process is gone: no such process, or a zombie that
- * its parent has not reaped yet (a peer in another process only: a thread
- * of this one cannot be told dead from stalled). */
-static int process_gone(mc_a2a_t *a2a, int r) {
-  const int64_t pid = mc_cpu(a2a)->pid[r];
-  if (pid == (int64_t)getpid()) return 0;
-  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
-  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
+/* Who waits for whom (mc_describe_wait_root): a rank's process from its
+ * pid (a peer in another process only: a thread of this one cannot be told
+ * dead from stalled), its word in its window. */
+static int cpu_gone(void *ctx, int r, int64_t *pid) {
+  *pid = mc_cpu((mc_a2a_t *)ctx)->pid[r];
+  return mc_pid_gone(*pid);
 }
-
-/* After a timeout waiting for `peer`: follow who waits for whom from there
- * to the rank at the root (one that waits for nobody, or whose process is
- * gone), so that every survivor names the rank that is missing, not a live
- * one that was itself waiting for it. */
-static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
-  const int W = a2a->comm->world_size, me = a2a->comm->rank;
-  size_t off = 0;
-  out[0] = '\0';
-  for (int hop = 0, cur = peer; hop < W && off < n; hop++) {
-    const char *sep = hop ? "," : ";";
-    if (process_gone(a2a, cur)) {
-      snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
-               (long long)mc_cpu(a2a)->pid[cur], cur);
-      return;
-    }
-    const uint64_t w = atomic_load_explicit(waiting_word(a2a, cur), memory_order_relaxed);
-    const int next = (int)w - 1;
-    if (w == 0 || w > (uint64_t)W || next == me || next == cur) {
-      if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
-      return;
-    }
-    off += (size_t)snprintf(out + off, n - off, "%s rank %d waits for rank %d", sep, cur, next);
-    cur = next;
-  }
+static int cpu_waiting(void *ctx, int r, uint64_t *word) {
+  *word = atomic_load_explicit(waiting_word((mc_a2a_t *)ctx, r), memory_order_relaxed);
+  return 1;
 }
 
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
@@ -114,7 +82,8 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
       static const char *what[] = {"dispatch meta", "dispatch records", "combine rows",
                                    "combine entry (round barrier)"};
       char root[256];
-      describe_root(a2a, peer, root, sizeof root);
+      const mc_wait_view_t view = {a2a, cpu_gone, cpu_waiting};
+      mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
       return mc_fail(a2a->err, MC_ERR_TIMEOUT,
                      "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
                      phase, a2a->comm->rank, a2a->comm->timeout_ms, peer, what[slot],

@@ -141,18 +141,33 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
                           int slot, uint64_t round) {
   uint64_t v = mc_sig_load(a, sig);
   if (v >= target) return 0;
-  uint64_t deadline = mc_globaltimer_ns() + a->timeout_ns;
+  const uint64_t t0 = mc_globaltimer_ns(), deadline = t0 + a->timeout_ns;
+  /* this rank's "waiting for" word (MC_SIG_WAITING, in its own window): set
+   * by a wait that has lasted 1 ms (never by the quick ones, which would
+   * all write one word), cleared by it if no other wait wrote it since; a
+   * rank that times out reads its peers' to name the one at the root */
+  uint64_t *waiting = (uint64_t *)(a->win + mc_sig_off(&a->s, MC_SIG_WAITING, a->rank));
+  const uint64_t mine = (uint64_t)peer + 1;
+  bool marked = false;
   unsigned nap = 32;
   for (uint32_t it = 1;; it++) {
     v = mc_sig_load(a, sig);
-    if (v >= target) return 0;
+    if (v >= target) {
+      if (marked) atomicCAS((unsigned long long *)waiting, mine, 0ull);
+      return 0;
+    }
     /* back off: hundreds of pollers in tight loops (other ranks' receive
      * kernels on the same GPU) load the memory system the senders need */
     __nanosleep(nap);
     if (nap < 512) nap *= 2;
     if ((it & 15u) == 0) {
       if (mc_dev_failed(a->err)) return 1;
-      if (mc_globaltimer_ns() > deadline) {
+      const uint64_t now = mc_globaltimer_ns();
+      if (now > t0 + 1000000u) { /* lasting: say whom this rank waits for (again: another wait may have cleared it) */
+        *(volatile uint64_t *)waiting = mine;
+        marked = true;
+      }
+      if (now > deadline) {
         mc_dev_fail(a->err, MC_DEVERR_TIMEOUT, phase, a->rank, peer, slot, -1, -1, 0, target, v, round);
         return 1;
       }

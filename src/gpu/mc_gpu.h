@@ -16,13 +16,14 @@ extern "C" {
  * writes it and exits, the host reads it at the next call without a sync. */
 enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER };
 enum { MC_DEVERR_NONE = 0, MC_DEVERR_TIMEOUT = 1, MC_DEVERR_BAD_EXPERT = 2, MC_DEVERR_DUP_EXPERT = 3,
-       MC_DEVERR_BAD_BOUND = 4 };
+       MC_DEVERR_BAD_BOUND = 4, MC_DEVERR_GROUP_DIFFERS = 5 };
 
 typedef struct mc_dev_error {
   int32_t code;  /* MC_DEVERR_*; 0 while nothing failed (written last) */
   int32_t phase; /* MC_PHASE_* */
   int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
-  int32_t token, k, value;  /* bad input: indices[token][k] (its full value in seen), or *bound_m = value */
+  int32_t token, k, value;  /* bad input: indices[token][k] (its full value in seen), or *bound_m = value;
+                               a group's inputs differ: ranks slot and peer of group value */
   uint64_t expected, seen;
   uint64_t round;
   int32_t claimed; /* 0 -> 1 by the first failing thread */

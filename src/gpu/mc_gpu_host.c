@@ -77,6 +77,8 @@ void mc_gpu_free(mc_gpu_t *g) {
   if (g->trace_file) fclose(g->trace_file);
   if (g->ws) cudaFree(g->ws);
   if (g->err_h) cudaFreeHost(g->err_h);
+  free(g->pid);
+  free(g->host);
   free(g); /* g->peers is the transport's to free */
 }
 
@@ -129,6 +131,10 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
   mine.pid = (int32_t)getpid();
   mc_result_t rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   int same = rc == MC_SUCCESS, on_mine = 0, threads_here = 0;
+  g->pid = calloc((size_t)comm->world_size, sizeof *g->pid);
+  g->host = calloc((size_t)comm->world_size, sizeof *g->host);
+  if (rc == MC_SUCCESS && (!g->pid || !g->host)) rc = mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) g->pid[r] = all[r].pid, g->host[r] = all[r].host;
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++) {
     const int here = memcmp(all[r].uuid, mine.uuid, sizeof mine.uuid) == 0;
     same &= here;
@@ -161,6 +167,38 @@ static const char *slot_name(int s) {
   return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
 }
 
+/* Who waits for whom after a timeout (mc_describe_wait_root): a rank's
+ * process where it runs on this host, its "waiting for" word (set by a
+ * wait that lasted, mc_dev.cuh) copied from its window where this process
+ * maps it. */
+typedef struct gpu_view {
+  mc_a2a_t *a2a;
+  cudaStream_t st;
+} gpu_view_t;
+static int gpu_gone(void *ctx, int r, int64_t *pid) {
+  mc_a2a_t *a2a = ((gpu_view_t *)ctx)->a2a;
+  mc_gpu_t *g = a2a->impl;
+  *pid = g->pid[r];
+  return g->host[r] == g->host[a2a->comm->rank] && mc_pid_gone(g->pid[r]);
+}
+static int gpu_waiting(void *ctx, int r, uint64_t *word) {
+  gpu_view_t *v = ctx;
+  unsigned char *win = ((mc_gpu_t *)v->a2a->impl)->peer_window(v->a2a, r);
+  return win &&
+         cudaMemcpyAsync(word, win + mc_sig_off(&v->a2a->shape, MC_SIG_WAITING, r), sizeof *word,
+                         cudaMemcpyDeviceToHost, v->st) == cudaSuccess &&
+         cudaStreamSynchronize(v->st) == cudaSuccess;
+}
+static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
+  mc_gpu_t *g = a2a->impl;
+  gpu_view_t v = {a2a, NULL};
+  out[0] = '\0';
+  if (!g->pid || !g->peer_window || cudaStreamCreateWithFlags(&v.st, cudaStreamNonBlocking) != cudaSuccess) return;
+  const mc_wait_view_t view = {&v, gpu_gone, gpu_waiting};
+  mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, out, n);
+  cudaStreamDestroy(v.st);
+}
+
 static mc_result_t device_error(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   volatile mc_dev_error_t *e = g->err_h;
@@ -169,10 +207,20 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   __sync_synchronize();
   mc_result_t rc;
   if (code == MC_DEVERR_TIMEOUT) {
+    char root[256];
+    describe_root(a2a, e->peer, root, sizeof root);
     return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round %llu",
+                   "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round "
+                   "%llu%s",
                    phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
-                   (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round);
+                   (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round, root);
+  }
+  if (code == MC_DEVERR_GROUP_DIFFERS) { /* as the cpu transport says it; the handle is done */
+    a2a->aborted = 1;
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "mc_dispatch: ranks %d and %d of group %d passed different m, indices or weights (every rank "
+                   "of a group must pass the same); the round cannot finish",
+                   e->slot, e->peer, e->value);
   }
   if (code == MC_DEVERR_BAD_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,

@@ -23,6 +23,11 @@ typedef struct mc_gpu {
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */
   void *peers;             /* kernel argument: p2p's device table of peer windows */
+  /* who waits for whom, after a timeout (mc_gpu_host.c): each rank's process
+   * and host, and its window as this process may copy from it (NULL: not) */
+  int64_t *pid;
+  uint64_t *host;
+  unsigned char *(*peer_window)(mc_a2a_t *a2a, int r);
   void *tstate;            /* the transport's own host state (p2p: mappings) */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
   void *trace_file;        /* FILE *: one line per mc_a2a_check */

@@ -230,6 +230,24 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
     if (mc_wait_meta(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
+  /* the ranks of a group passed the same m, indices and weights: their
+   * digests agree (mc_gpu_prep.cuh), or the round cannot finish (groups of
+   * one rank have no digest: nothing to compare, no barrier to pay) */
+  if (s->group_size > 1) {
+    for (int src = tid; src < W; src += blockDim.x) {
+      const int first = src / s->group_size * s->group_size, dw = mc_meta_digest_word(s);
+      const uint32_t *m0 = (const uint32_t *)(a.win + mc_disp_meta_off(s, first));
+      const uint32_t *m1 = (const uint32_t *)(a.win + mc_disp_meta_off(s, src));
+      if (src != first && (m0[dw] != m1[dw] || m0[dw + 1] != m1[dw + 1])) {
+        abort_ = 1;
+        if (blockIdx.x == 0)
+          mc_dev_fail(a.err, MC_DEVERR_GROUP_DIFFERS, MC_PHASE_DRECV, a.rank, src, first, -1, -1,
+                      src / s->group_size, 0, 0, round);
+      }
+    }
+    __syncthreads();
+    if (abort_) return;
+  }
   mc_trace_point(&a, MC_TK_DRECV, 0);
   /* every meta word at once (a dependent load per source and expert was a
    * memory latency each), then the scans over sources in shared memory */

@@ -89,15 +89,18 @@ MC_DEV mc_route_tab_t mc_tab_shared(uint32_t *smem, const mc_shape_t *s) {
  * arrive turns every column into each chunk's base (a scan over chunks),
  * leaves the totals in smem and the round's verdict in *bad. Returns 1 in
  * the last block only. */
-MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int cols, int *bad) {
+MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int cols, int *bad,
+                               unsigned long long *digest) {
   const int tid = threadIdx.x;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
   uint32_t *pcount = mc_ws_u32(&a, mc_ws_pcount_off(&a.s));
+  unsigned long long *wsdig = (unsigned long long *)&sc[MC_WS_DIGEST];
   __shared__ int last;
   for (int i = tid; i < cols; i += blockDim.x) pcount[(size_t)blockIdx.x * cols + i] = smem[i];
   __syncthreads();
   if (tid == 0) {
     if (*bad) atomicOr(&sc[MC_WS_PREP_BAD], 1u);
+    if (*digest) atomicAdd(wsdig, *digest); /* this chunk's share of the group digest */
     __threadfence(); /* our counts and verdict before our arrival */
     const unsigned int arrived = atomicAdd(&sc[MC_WS_DONE_PREP], 1u);
     __threadfence(); /* and the earlier arrivals' counts after it (the barrier below passes them on) */
@@ -121,7 +124,9 @@ MC_DEV int mc_prep_scan_chunks(const mc_kargs_t &a, uint32_t *smem, const int co
   __syncthreads(); /* every thread read *bad (shared) above before tid 0 rewrites it */
   if (tid == 0) {
     *bad = (int)*(volatile uint32_t *)&sc[MC_WS_PREP_BAD];
+    *digest = *(volatile unsigned long long *)wsdig; /* every chunk's, seen through the arrivals */
     sc[MC_WS_PREP_BAD] = 0;
+    *wsdig = 0;
     sc[MC_WS_DONE_PREP] = 0; /* for the next round */
   }
   __syncthreads();
@@ -206,6 +211,27 @@ MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const
   }
   return bad_k < 0;
 }
+
+/* The group digest: the ranks of a group must pass the same m, indices and
+ * weights (each sends a share of the same tokens). Each token adds a hash
+ * of its index, ids and weights; a sum does not depend on the order in
+ * which blocks or lanes add, so every member of a group with the same
+ * inputs gets the same bits. Sent in every meta (mc_meta_digest_word);
+ * dispatch-recv compares a source's with its group's first rank's. */
+MC_DEV uint64_t mc_mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+MC_DEV uint64_t mc_token_digest(const int K, const int t, const mc_prep_tok_t &tk) {
+  uint64_t h = mc_mix64((uint64_t)t);
+#pragma unroll
+  for (int k = 0; k < MC_MAX_TOPK; k++)
+    if (k < K) h = mc_mix64(h ^ ((uint64_t)(uint32_t)tk.idx[k] << 32 | mc_f32_bits(tk.wt[k])));
+  return h;
+}
+MC_DEV uint64_t mc_m_digest(int m_eff) { return mc_mix64(0x6d2d656666ull ^ (uint64_t)m_eff); }
 
 /* A valid token's destination ranks (rk, first, jpos), stored ascending
  * into the route table. */
@@ -317,15 +343,17 @@ MC_DEV void mc_prep_record(const mc_kargs_t &a, const int K, const bool one, con
 /* The accepted round, from one block: the state later kernels read, the
  * metas (into staging, or one launch: into the peers' windows, signalled). */
 MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, const uint32_t *count,
-                           const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round) {
+                           const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round,
+                           const uint64_t digest) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
   mc_prep_publish(a, count, rexp, m_eff);
-  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
-    const int dst = i / (L + 1), l = i % (L + 1);
+  const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
+  for (int i = tid; i < W * nw; i += blockDim.x) {
+    const int dst = i / nw, l = i % nw;
     uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
                          : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
-    meta[l] = mc_meta_word(s, count, dst, l);
+    meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
   }
   if (one) {
     /* later kernels (combine) read the routes from the workspace */
@@ -361,8 +389,9 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
   const mc_route_tab_t tab = one ? mc_tab_shared(smem, s) : mc_tab_global(a);
   uint32_t *sent = mc_one_sent(smem, s);
   __shared__ int bad;
+  __shared__ unsigned long long digest; /* groups of several ranks: this block's tokens' share */
   mc_trace_start(&a, MC_TK_PREP);
-  if (tid == 0) bad = 0;
+  if (tid == 0) bad = 0, digest = 0;
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
   if (one)
     for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;
@@ -396,19 +425,21 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
         mc_prep_ranks(K, L, t, tab, tk);
         ok = true;
         scan = t >= begin && t < end;
+        if (s->group_size > 1 && (!one || blockIdx.x == 0)) atomicAdd(&digest, mc_token_digest(K, t, tk));
       }
     }
     mc_prep_place(K, E, C, NW, ok, scan, count, rexp, mask, wm, tk);
     if (scan) mc_prep_record(a, K, one, t, begin, tab, wm, sent, &bad, tk);
   }
   __syncthreads();
-  if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad)) return -1;
+  if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad, &digest)) return -1;
   mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
     if (tid == 0 && (!one || blockIdx.x == 0)) sc[MC_WS_BAD] = 1;
     return -1;
   }
-  if (!one || blockIdx.x == 0) mc_prep_finish(a, K, one, count, rexp, m_eff, tab, round);
+  if (!one || blockIdx.x == 0)
+    mc_prep_finish(a, K, one, count, rexp, m_eff, tab, round, s->group_size > 1 ? digest + mc_m_digest(m_eff) : 0);
   mc_trace_end(&a, MC_TK_PREP);
   return m_eff;
 }

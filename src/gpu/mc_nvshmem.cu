@@ -109,11 +109,17 @@ static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
   a2a->impl = NULL;
 }
 
+/* rank r's window where this process may copy from it (NVLink), else NULL */
+static unsigned char *nvshmem_peer_window(mc_a2a_t *a2a, int r) {
+  return (unsigned char *)nvshmem_ptr(gpu(a2a)->win, r);
+}
+
 static mc_result_t nvshmem_a2a_create(mc_a2a_t *a2a) {
   mc_result_t rc = mc_gpu_create(a2a);
   if (rc != MC_SUCCESS) return rc;
   mc_gpu_t *g = gpu(a2a);
   g->win = (unsigned char *)nvshmem_malloc(mc_window_bytes(&a2a->shape));
+  g->peer_window = nvshmem_peer_window;
   if (!g->win) {
     nvshmem_a2a_destroy(a2a);
     return mc_fail(a2a->err, MC_ERR_NVSHMEM,

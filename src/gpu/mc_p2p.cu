@@ -50,6 +50,12 @@ typedef struct p2p_state {
   unsigned char **table; /* the same table in device memory (kernel argument) */
 } p2p_state_t;
 
+/* rank r's window as this process addresses it (after a timeout: whom r waits for) */
+static unsigned char *p2p_peer_window(mc_a2a_t *a2a, int r) {
+  const p2p_state_t *p = (const p2p_state_t *)gpu(a2a)->tstate;
+  return p && p->peer ? p->peer[r] : NULL;
+}
+
 static mc_result_t p2p_comm_init(mc_comm_t *comm) {
   if (comm->device >= 0 && cudaSetDevice(comm->device) != cudaSuccess)
     return mc_fail(comm->err, MC_ERR_CUDA, "rank %d: cudaSetDevice(%d) failed", comm->rank, comm->device);
@@ -185,6 +191,7 @@ static mc_result_t p2p_a2a_create(mc_a2a_t *a2a) {
   const uint64_t bytes = mc_window_bytes(&a2a->shape);
   p2p_state_t *p = (p2p_state_t *)calloc(1, sizeof *p);
   g->tstate = p;
+  g->peer_window = p2p_peer_window;
   if (p) {
     p->peer = (unsigned char **)calloc((size_t)W, sizeof *p->peer);
     p->opened = (unsigned char *)calloc((size_t)W, 1);

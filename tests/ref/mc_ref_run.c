@@ -143,7 +143,10 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
     }
     if (check) mc_ref_input_payload(c, &st->b.ins[g]);
   }
-  if (mc_rr_upload_inputs(c, &st->b.ins[st->rank / G], &st->d, ci) != 0) {
+  mc_input_t *mine = &st->b.ins[st->rank / G];
+  if (st->o->differ_round == (int)st->round && st->rank % G == G - 1 && G > 1 && mine->m > 0 && mine->weights)
+    mine->weights[0] += 0.5f; /* this rank's copy only: its group's inputs now differ */
+  if (mc_rr_upload_inputs(c, mine, &st->d, ci) != 0) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
     return -1;
   }

@@ -44,9 +44,11 @@ typedef struct mc_run_opts {
   int ids64;          /* 1: the handles take int64 top-k ids (MC_INDEX_INT64), the inputs widened */
   int quant_apart;    /* quantising cases: a step of its own (mc_dev_quantise) quantises the rows before
                          a dispatch of e4m3 bytes, timed with it: the way quantising in dispatch saves */
+  int differ_round;   /* > 0: in this round the last rank of each group passes one weight changed
+                         (its group's inputs differ: every rank must fail the round, naming them) */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
