@@ -69,8 +69,10 @@ MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
  * with the attribute (mc_gpu_launch.cuh) is scheduled once every block of
  * the sending kernel before it has passed mc_pdl_launch_dependents, and
  * waits in mc_pdl_wait until that kernel has finished and its memory is
- * visible: the same order as two plain launches, less the gap between
- * them. Without the attribute both are no-ops. */
+ * visible (dispatch-recv before it starts; combine-recv, which reads
+ * nothing its sender writes unsignalled, at its end): the same order as
+ * two plain launches, less the gap between them. Without the attribute
+ * both are no-ops. */
 MC_DEV void mc_pdl_launch_dependents(void) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
