@@ -202,6 +202,38 @@ int test_gpu_group_inputs_differ(void) {
   return 0;
 }
 
+/* MC_INPUT_BF16_TO_E4M3 on the GPU: the send kernels quantise (a warp a
+ * piece of 2048 values, scales from 8 lanes' amax); expert_x and
+ * expert_scale must match the reference quantiser byte for byte. Both
+ * scale formats; the DeepSeek-V3 width (3.5 pieces a token: a short last
+ * piece); the one-launch kernels of top-8 and of any top-k; more tokens
+ * than one prep chunk (the chunked send kernel); groups. (Under
+ * MC_TEST_STAGED=1 the staging pack kernel quantises too.) */
+int test_gpu_quant_dispatch(void) {
+  REQUIRE_GPU();
+  static const struct {
+    int world, group, experts, topk, tokens, hidden, ue8m0;
+  } cases[] = {{2, 1, 16, 8, 24, 7168, 0}, {2, 1, 16, 8, 24, 7168, 1}, {4, 2, 32, 6, 40, 1024, 1},
+               {2, 1, 32, 4, 300, 512, 0},  {8, 1, 64, 8, 16, 2048, 0},  {1, 1, 8, 3, 20, 512, 1}};
+  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+    if (cap_world(cases[i].world) != cases[i].world) continue;
+    mc_case_t c;
+    small_case(&c, cases[i].world, cases[i].group, 80 + i);
+    c.num_experts = cases[i].experts;
+    c.topk = cases[i].topk;
+    c.max_tokens = cases[i].tokens;
+    c.hidden = cases[i].hidden;
+    c.quant = cases[i].ue8m0 ? MC_REF_QUANT_UE8M0 : MC_REF_QUANT_FP32;
+    c.token_bytes = (size_t)c.hidden;
+    c.scale_bytes = (size_t)c.hidden / 128 * (cases[i].ue8m0 ? 1 : 4);
+    c.expert_identity = 0; /* the experts read the e4m3 payload as bytes */
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    MC_CHECK_MSG(run_gpu(&c, &o) == 0, "case %d", i);
+  }
+  return 0;
+}
+
 /* An application that started NVSHMEM itself (here as PE 0 of 1): the
  * communicator attaches instead of starting it again, the kernels run on
  * that NVSHMEM and match the reference, and destroying the communicator
