@@ -114,9 +114,8 @@ typedef enum mc_index_dtype {
  * send half quantises to fp8 e4m3 in blocks of 128 values with one scale a
  * block (config->scale_format), so that no separate quantisation kernel runs;
  * expert_x then holds the e4m3 bytes and expert_scale the scales. The rules
- * (rounding, saturation at 448, NaN) are in docs/api.md. The cpu transport
- * quantises; the GPU transports refuse it at create (MC_ERR_UNSUPPORTED) for
- * now. */
+ * (rounding, saturation at 448, NaN) are in docs/api.md; every transport
+ * makes the same bytes. */
 typedef enum mc_dispatch_input {
   MC_INPUT_BYTES = 0,
   MC_INPUT_BF16_TO_E4M3 = 1

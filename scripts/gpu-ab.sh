@@ -9,8 +9,10 @@
 # p2p only) in parallel, then runs every point for every tree in turn,
 # AB_REPS times (default 2). AB_RANKS: ranks (default 2: one per GPU on a
 # machine of two; more share GPUs under MPS). AB_POINTS: what to time, of
-# t1, t128, small (64 experts, top-6, hidden 2048, 128 tokens), t4096, and
-# t128h (halves timed apart); default "t128 t1 small t128h"; the others are
+# t1, t128, small (64 experts, top-6, hidden 2048, 128 tokens), t4096,
+# t128h (halves timed apart), q128 and u128 (128 tokens quantised in dispatch,
+# fp32 or UE8M0 scales), qa128 and ua128 (the same quantised apart first:
+# mc-bench --quantise-apart); default "t128 t1 small t128h"; the others are
 # timed whole (MC_SEND_RECV). The JSON of every run goes to $OUT (default
 # ./gpu-ab-out); a table last.
 set -uo pipefail
@@ -35,6 +37,8 @@ run() { # label bench point
   case $3 in
   t1) a="-t 1 --whole" ;; t128) a="-t 128 --whole" ;; t128h) a="-t 128" ;;
   small) a="-t 128 -e 64 -k 6 --hidden 2048 --whole" ;; t4096) a="-t 4096 -r 50 -w 5 --whole" ;;
+  q128) a="-t 128 --whole --quantise fp32" ;; u128) a="-t 128 --whole --quantise ue8m0" ;;
+  qa128) a="-t 128 --whole --quantise fp32 --quantise-apart" ;; ua128) a="-t 128 --whole --quantise ue8m0 --quantise-apart" ;;
   *) echo "unknown point $3"; return ;;
   esac
   timeout 120 scripts/mc-launch.sh "$n" -- "$2" --transport p2p -n "$n" -r 200 -w 20 --no-dense --json $a \

@@ -39,7 +39,20 @@ MC_HD size_t mc_quant_scale_bytes(int hidden, int ue8m0) {
   return (size_t)(hidden / MC_QBLOCK) * (ue8m0 ? 1u : 4u);
 }
 
-/* float -> e4m3, round to nearest even, saturating. */
+/* float -> e4m3, round to nearest even, saturating. On sm_89 and later
+ * devices the hardware conversion (cvt.rn.satfinite) does it in one
+ * instruction where the bit arithmetic below takes dozens, which made a
+ * quantising dispatch-send 2.6x slower (43.7 against 17.0 us, 128 tokens,
+ * one H200). It must give the same bits (test gpu_quant_values: every bf16
+ * value, every tie and a million random floats); a NaN is made 0x7F here
+ * whatever the hardware makes of it. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+MC_HD uint8_t mc_f32_to_e4m3(float x) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  return x != x ? (uint8_t)MC_E4M3_NAN : (uint8_t)(r & 0xFFu);
+}
+#else
 MC_HD uint8_t mc_f32_to_e4m3(float x) {
   const uint32_t u = mc_f32_bits(x), a = u & 0x7fffffffu;
   const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
@@ -61,6 +74,7 @@ MC_HD uint8_t mc_f32_to_e4m3(float x) {
   if (rem > half || (rem == half && (q & 1u))) q++;
   return (uint8_t)(sign | q); /* q == 8 is 2^-6, the smallest normal: code 0x08 */
 }
+#endif
 
 /* e4m3 -> float (exact). */
 MC_HD float mc_e4m3_to_f32(uint8_t c) {

@@ -53,6 +53,8 @@ typedef struct mc_kargs {
   int direct;  /* 1: store into directly reachable peers; 0: always stage and put (tests: mc_testing.h) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
   int recv_pieces; /* dispatch-recv: payload pieces a warp copies per item (mc_gpu_kernels.cuh) */
+  int quant;       /* 0: tokens are the payload; 1, 2: bf16 rows quantised to e4m3 with fp32 (1)
+                      or UE8M0 (2) scales on the way (mc_gpu_quant.cuh) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
 } mc_kargs_t;
 

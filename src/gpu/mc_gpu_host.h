@@ -17,7 +17,8 @@ typedef struct mc_gpu {
   int grid;                /* blocks of the big kernels (MC_THREADS each; combine-send twice as many of half) */
   int alone;               /* no other rank on this GPU */
   int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
-  const void *send_one;    /* that kernel, the one for this top-k */
+  const void *send_one;    /* that kernel, the one for this top-k (and quantising or not) */
+  const void *send_chunked; /* the chunked path's send kernel, quantising or not */
   int pdl;                 /* receiving kernels launched early (mc_gpu_launch.cuh) */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */

@@ -61,6 +61,7 @@
 #include "mc_route.h"
 #include "mc_dev.cuh"
 #include "mc_gpu_prep.cuh"
+#include "mc_gpu_quant.cuh"
 #include "mc_gpu_rows.cuh"
 
 #define MC_THREADS 512
@@ -86,6 +87,19 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
   for (int t = begin + gw; t < end; t += nw) {
     unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
+    if (a.quant) { /* the payload and scales made piece by piece from the bf16 row */
+      for (int j = 0; j < mc_token_segs(s); j++) {
+        const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
+        const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+        int4 v[4];
+        uint32_t sc[4];
+        unsigned char *d = rec + mc_record_payload_off(s);
+        mc_quant_piece(a, t, j, bytes, v, sc, lane);
+        mc_warp_piece_store(&d, 1, po, v, bytes, lane);
+        mc_quant_piece_scales(a, j, bytes, sc, rec + mc_record_scale_off(s), lane);
+      }
+      continue;
+    }
     mc_warp_copy16(rec + mc_record_payload_off(s), (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes,
                    s->token_bytes, lane);
     if (s->scale_bytes)
@@ -121,8 +135,8 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
  * kernel leaves out block 0, which publishes the round's metas first: its
  * share of pieces went out last). Each block counts the pieces it stored
  * per destination in sent[] for mc_block_signal_counts. */
-MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const mc_route_tab_t &tab, const int begin,
-                                    const int end, const int hdr_staged, const int b0, uint32_t *sent) {
+MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int quant, const mc_route_tab_t &tab,
+                                    const int begin, const int end, const int hdr_staged, const int b0, uint32_t *sent) {
   const mc_shape_t *s = &a.s;
   const int S = mc_token_segs(s), lane = threadIdx.x & 31;
   if ((int)blockIdx.x < b0) return;
@@ -134,8 +148,10 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const mc_r
     const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
     const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
     const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
-    int4 v[4]; /* the piece, loaded once for every destination, before the table is read */
-    mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
+    int4 v[4]; /* the piece, loaded (or quantised) once for every destination, before the table is read */
+    uint32_t qsc[4]; /* quantising: the scales of the piece's blocks */
+    if (quant) mc_quant_piece(a, t, j, bytes, v, qsc, lane);
+    else mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
     const int nd = tab.ndest[t];
     /* one destination at a time: a table of destination pointers, indexed
      * by a running count, lived in local memory (a load per store) */
@@ -151,7 +167,9 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const mc_r
       unsigned char *dst = peer + off;
       if (hdr_staged && j == 0) mc_warp_piece16_to(&dst, 1, 0, rec, (uint32_t)hdr, lane);
       mc_warp_piece_store(&dst, 1, poff + po, v, bytes, lane);
-      if (j == S - 1 && s->scale_bytes)
+      if (quant)
+        mc_quant_piece_scales(a, j, bytes, qsc, dst + soff, lane);
+      else if (j == S - 1 && s->scale_bytes)
         mc_warp_piece4_to(&dst, 1, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
                           s->scale_bytes, lane);
     }
@@ -174,7 +192,7 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) {
+MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
   const mc_shape_t *s = &a.s;
   mc_pdl_launch_dependents();
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -187,7 +205,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   const uint64_t round = *mc_ws_round(&a);
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
-  mc_dispatch_send_pieces(a, s->topk, mc_tab_global(a), begin, end, 1, 0, sent);
+  mc_dispatch_send_pieces(a, s->topk, quant, mc_tab_global(a), begin, end, 1, 0, sent);
   /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
@@ -204,6 +222,10 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
 }
+/* Quantising or not, each its own kernel: the quantisation is thousands of
+ * instructions, and a kernel's code costs its every launch. */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 1); }
 
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
  * payload pieces) ----
@@ -369,7 +391,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
  * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
  * then stores its pieces; the last block out writes the round number
  * (every block has read the old one by then). ---- */
-MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K) {
+MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const int quant) {
   const mc_shape_t *s = &a.s;
   mc_pdl_launch_dependents();
   const uint64_t round = *mc_ws_round(&a) + 1;
@@ -380,7 +402,7 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K) {
   mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
   mc_trace_start(&a, MC_TK_DSEND);
   uint32_t *sent = mc_one_sent(smem, s);
-  mc_dispatch_send_pieces(a, K, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
+  mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
   if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */
   mc_trace_point(&a, MC_TK_DSEND, 0);
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
@@ -402,19 +424,27 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K) {
  * a kernel of its own costs the others nothing. The launch plan picks one
  * at create (mc_gpu_launch.cuh). */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k8(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 8);
+  mc_dispatch_send_one_body(a, 8, 0);
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k6(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 6);
+  mc_dispatch_send_one_body(a, 6, 0);
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k4(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 4);
+  mc_dispatch_send_one_body(a, 4, 0);
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k2(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 2);
+  mc_dispatch_send_one_body(a, 2, 0);
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_kn(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, a.s.topk);
+  mc_dispatch_send_one_body(a, a.s.topk, 0);
+}
+/* quantising (MC_INPUT_BF16_TO_E4M3): top-8 and any other, kernels apart
+ * from the ones above (the quantisation's code would cost those) */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_q8(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, 8, 1);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(mc_kargs_t a) {
+  mc_dispatch_send_one_body(a, a.s.topk, 1);
 }
 
 #include "mc_gpu_combine.cuh"

@@ -29,7 +29,9 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                                     (const void *)mc_k_dispatch_pack, (const void *)mc_k_dispatch_send,
                                     (const void *)mc_k_dispatch_send_one_k8, (const void *)mc_k_dispatch_send_one_k6,
                                     (const void *)mc_k_dispatch_send_one_k4, (const void *)mc_k_dispatch_send_one_k2,
-                                    (const void *)mc_k_dispatch_send_one_kn, (const void *)mc_k_dispatch_recv,
+                                    (const void *)mc_k_dispatch_send_one_kn, (const void *)mc_k_dispatch_send_one_q8,
+                                    (const void *)mc_k_dispatch_send_one_qn, (const void *)mc_k_dispatch_send_q,
+                                    (const void *)mc_k_dispatch_recv,
                                     (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
                                     (const void *)mc_k_barrier};
   cudaError_t e = cudaSuccess;
@@ -45,13 +47,16 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
   g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
-  switch (s->topk) { /* the one-launch kernel of this top-k (mc_gpu_kernels.cuh) */
+  const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
+  switch (quant ? -s->topk : s->topk) { /* the one-launch kernel of this top-k (mc_gpu_kernels.cuh) */
   case 8: g->send_one = (const void *)mc_k_dispatch_send_one_k8; break;
   case 6: g->send_one = (const void *)mc_k_dispatch_send_one_k6; break;
   case 4: g->send_one = (const void *)mc_k_dispatch_send_one_k4; break;
   case 2: g->send_one = (const void *)mc_k_dispatch_send_one_k2; break;
-  default: g->send_one = (const void *)mc_k_dispatch_send_one_kn; break;
+  case -8: g->send_one = (const void *)mc_k_dispatch_send_one_q8; break;
+  default: g->send_one = quant ? (const void *)mc_k_dispatch_send_one_qn : (const void *)mc_k_dispatch_send_one_kn;
   }
+  g->send_chunked = quant ? (const void *)mc_k_dispatch_send_q : (const void *)mc_k_dispatch_send;
   if (g->one && mc_one_smem_bytes(s) > (48u << 10))
     e = cudaFuncSetAttribute(g->send_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the dispatch kernel's shared memory");
@@ -121,7 +126,8 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
       mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
       if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
       if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-      mc_k_dispatch_send<<<g->grid, MC_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+      if (e == cudaSuccess)
+        e = cudaLaunchKernel(g->send_chunked, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
     }
     break;
   case MC_PHASE_DRECV:

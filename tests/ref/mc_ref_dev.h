@@ -6,6 +6,7 @@
 #define MC_REF_DEV_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define MC_DEV_MARKS 8
 
@@ -28,6 +29,9 @@ void *mc_dev_stream(void);
  * kernel queued on mc_dev_stream() (mc_ref_quant_dev.cu), else on the
  * host. What a model runs where dispatch does not quantise. 0 on success. */
 int mc_dev_quantise(int gpu, const void *x, int m, int hidden, int ue8m0, void *q, void *scales);
+/* CUDA builds: q[i] = mc_f32_to_e4m3(x[i]) on the device (device buffers),
+ * synchronised; 0 on success */
+int mc_ref_e4m3_on_gpu(const float *x, size_t n, uint8_t *q);
 /* other work on the stream between a send and its recv */
 void mc_dev_busy(int gpu, void *scratch, size_t n);
 void mc_dev_mark(int gpu, int k);

@@ -56,3 +56,15 @@ extern "C" int mc_ref_quantise_on_gpu(const void *x, int m, int hidden, int ue8m
                                                                    (uint8_t *)scales);
   return cudaGetLastError() != cudaSuccess;
 }
+
+/* mc_f32_to_e4m3 as the device runs it, over n floats (test gpu_quant_values) */
+__global__ void mc_ref_k_e4m3(const float *x, size_t n, uint8_t *q) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) q[i] = mc_f32_to_e4m3(x[i]);
+}
+
+extern "C" int mc_ref_e4m3_on_gpu(const float *x, size_t n, uint8_t *q) {
+  if (n == 0) return 0;
+  mc_ref_k_e4m3<<<(unsigned)((n + 255) / 256), 256>>>(x, n, q);
+  return cudaDeviceSynchronize() != cudaSuccess;
+}
