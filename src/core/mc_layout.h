@@ -213,7 +213,15 @@ enum {
   MC_WS_DONE_DSEND, /* one-launch dispatch: blocks done sending (the last writes the round number) */
   MC_WS_SPARE,      /* keeps the digest below on 8 bytes */
   MC_WS_DIGEST,     /* and the next: chunked prep: the sum of the chunks' group digests (uint64) */
-  MC_WS_NSCALARS = 12
+  /* uint64 from here (two each): dispatch-recv may start before dispatch-send has moved the
+     round number on, so it keeps its own counts, and learns each call's outcome from OUTCOME */
+  MC_WS_DRECV_ROUND = 12, /* the last round dispatch-recv took in */
+  MC_WS_SEND_TRIES = 14,  /* dispatch-send calls so far, refused ones too (only accepted ones move the
+                             round number: a rank may retry a refused round alone) */
+  MC_WS_DRECV_TRIES = 16, /* the same count as dispatch-recv keeps it */
+  MC_WS_OUTCOME = 18,     /* 2 x the call's number + 1 if refused: written by dispatch-send once it has
+                             checked the call's input */
+  MC_WS_NSCALARS = 20
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {

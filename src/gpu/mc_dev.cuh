@@ -69,10 +69,10 @@ MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
  * with the attribute (mc_gpu_launch.cuh) is scheduled once every block of
  * the sending kernel before it has passed mc_pdl_launch_dependents, and
  * waits in mc_pdl_wait until that kernel has finished and its memory is
- * visible (dispatch-recv before it starts; combine-recv, which reads
- * nothing its sender writes unsignalled, at its end): the same order as
- * two plain launches, less the gap between them. Without the attribute
- * both are no-ops. */
+ * visible. Both receiving kernels wait at their end: they read nothing
+ * their sender writes unsignalled (dispatch-recv learns the call's outcome
+ * from MC_WS_OUTCOME), so they work while it runs, and later work on the
+ * stream still comes after both. Without the attribute both are no-ops. */
 MC_DEV void mc_pdl_launch_dependents(void) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -239,6 +239,10 @@ MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) 
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }
 MC_DEV uint64_t *mc_ws_round(const mc_kargs_t *a) { return (uint64_t *)(a->ws + mc_ws_round_off(&a->s)); }
+/* a uint64 among the workspace scalars (MC_WS_DIGEST, MC_WS_DRECV_ROUND and those after it) */
+MC_DEV uint64_t *mc_ws_scalar64(const mc_kargs_t *a, int i) {
+  return (uint64_t *)(mc_ws_u32(a, mc_ws_scalars_off(&a->s)) + i);
+}
 MC_DEV uint64_t *mc_sig_local(const mc_kargs_t *a, int slot, int peer) {
   return (uint64_t *)(a->win + mc_sig_off(&a->s, slot, peer));
 }

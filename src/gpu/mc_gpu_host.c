@@ -236,11 +236,14 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): *bound_m=%d is not in 0..m=%llu; the round was not sent",
                  e->value, (unsigned long long)e->expected);
-  /* a refused round changed nothing on the device: clear and go on */
+  /* a refused round changed nothing on the device (but the count of
+   * calls): clear and go on; if its dispatch-recv was never launched, the
+   * next dispatch-send first moves dispatch-recv's count past it */
   e->code = 0;
   __sync_synchronize();
   e->claimed = 0;
   a2a->refused = 1;
+  if (a2a->next == MC_NEXT_DISPATCH_RECV) ((mc_gpu_t *)a2a->impl)->recv_owed = 1;
   return rc;
 }
 

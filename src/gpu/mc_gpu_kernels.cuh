@@ -377,41 +377,83 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
       for (int src = 0; src < W; src++)
         seen_w[MC_SIG_DISP_RECS * W + src] += (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
       sc[MC_WS_N_ROUTE] = (uint32_t)total;
+      *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
+      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
       sc[MC_WS_DONE_DRECV] = 0;
     }
   }
 }
+/* Dispatch-recv starts before dispatch-send has finished where it is
+ * launched early (mc_gpu_launch.cuh; dispatch-send lets it start once
+ * every block has prepped): it takes the round and the call's number from
+ * its own counts, waits for the call's outcome (MC_WS_OUTCOME), which
+ * dispatch-send writes once it has checked the input, and waits for its
+ * sender to finish only at its end, so that later work on the stream
+ * comes after both. A refused call is over for it too: its call count
+ * moves on, its round count does not. */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+  const uint64_t round = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1;
+  const uint64_t call = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1;
+  __shared__ uint64_t outcome;
+  if (threadIdx.x == 0) {
+    const uint64_t *o = mc_ws_scalar64(&a, MC_WS_OUTCOME);
+    outcome = mc_dev_wait_ge(&a, o, 2 * call, MC_PHASE_DRECV, a.rank, MC_SIG_DISP_META, round)
+                  ? 0
+                  : *(volatile const uint64_t *)o;
+  }
+  __syncthreads();
+  if (outcome == 2 * call) {
+    mc_dispatch_recv_body(a, round);
+  } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
+    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
+    __threadfence();
+    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
+      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
+      sc[MC_WS_DONE_DRECV] = 0;
+    }
+  }
   mc_pdl_wait();
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  mc_dispatch_recv_body(a, *mc_ws_round(&a));
+}
+
+/* A refused call whose dispatch-recv never ran (the caller learnt of the
+ * refusal first): dispatch-recv's call count moves past it, as that kernel
+ * would have moved it (where the counts agree already, this changes
+ * nothing: a CUDA graph that captured it replays safely). */
+static __global__ void mc_k_drecv_skip(mc_kargs_t a) {
+  *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
 }
 
 /* ---- dispatch-send in one launch, where the group's tokens fit one prep
  * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
- * then stores its pieces; the last block out writes the round number
- * (every block has read the old one by then). ---- */
+ * then stores its pieces; the last block out counts the call and, if it
+ * was accepted, writes the round number (every block has read the old one
+ * by then). ---- */
 MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const int quant) {
   const mc_shape_t *s = &a.s;
-  mc_pdl_launch_dependents();
   const uint64_t round = *mc_ws_round(&a) + 1;
   const int m_eff = mc_dispatch_prep_body(a, K, MC_PREP_ONE, round);
-  if (m_eff < 0) return; /* refused: every block saw it, block 0 recorded it */
-  extern __shared__ uint32_t smem[];
-  int begin, end;
-  mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
-  mc_trace_start(&a, MC_TK_DSEND);
-  uint32_t *sent = mc_one_sent(smem, s);
-  mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
-  if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */
-  mc_trace_point(&a, MC_TK_DSEND, 0);
-  mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
-  mc_trace_end(&a, MC_TK_DSEND);
-  if (threadIdx.x == 0) {
+  /* dispatch-recv may start once every block is here, not before: started
+   * with this kernel, its blocks waited through the prep, and some rounds
+   * took 100-600 us more (p99 at 128 tokens, EP2; docs/performance.md) */
+  mc_pdl_launch_dependents();
+  if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
+    extern __shared__ uint32_t smem[];
+    int begin, end;
+    mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+    mc_trace_start(&a, MC_TK_DSEND);
+    uint32_t *sent = mc_one_sent(smem, s);
+    mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
+    if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */
+    mc_trace_point(&a, MC_TK_DSEND, 0);
+    mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
+    mc_trace_end(&a, MC_TK_DSEND);
+  }
+  if (threadIdx.x == 0) { /* the call is counted, refused or not; only an accepted one moves the round */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
     if (atomicAdd(&sc[MC_WS_DONE_DSEND], 1u) == gridDim.x - 1) {
       sc[MC_WS_DONE_DSEND] = 0;
-      *mc_ws_round(&a) = round;
+      *mc_ws_scalar64(&a, MC_WS_SEND_TRIES) += 1;
+      if (m_eff >= 0) *mc_ws_round(&a) = round;
     }
   }
 }

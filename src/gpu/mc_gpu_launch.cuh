@@ -118,6 +118,10 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   void *args[] = {&ka};
   switch (half) {
   case MC_PHASE_DSEND:
+    if (g->recv_owed) {
+      mc_k_drecv_skip<<<1, 1, 0, st>>>(ka);
+      g->recv_owed = 0;
+    }
     if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
       e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m)), dim3(MC_THREADS), args,
                            mc_one_smem_bytes(s), st);

@@ -340,6 +340,25 @@ MC_DEV void mc_prep_record(const mc_kargs_t &a, const int K, const bool one, con
   }
 }
 
+/* The call's outcome for dispatch-recv, which may already be waiting for
+ * it (launched early: mc_gpu_kernels.cuh): 2 x the call's number (calls
+ * counted in MC_WS_SEND_TRIES), + 1 where refused. One thread of the block
+ * that decides; the count itself moves on after (chunked: right here, from
+ * the block that decides, the last of the prep; one launch: the last block
+ * out, mc_gpu_kernels.cuh). */
+MC_DEV void mc_prep_outcome(const mc_kargs_t &a, const bool one, const int refused) {
+  uint64_t *tries = mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
+  *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_OUTCOME) = 2 * (*tries + 1) + (uint64_t)refused;
+  if (!one) *tries += 1;
+}
+
+/* A refused call (one thread): the verdict for the later kernels and for
+ * dispatch-recv. The round number stays: the rank may send the round again. */
+MC_DEV void mc_prep_refuse(const mc_kargs_t &a, const bool one) {
+  mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD] = 1;
+  mc_prep_outcome(a, one, 1);
+}
+
 /* The accepted round, from one block: the state later kernels read, the
  * metas (into staging, or one launch: into the peers' windows, signalled). */
 MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, const uint32_t *count,
@@ -348,6 +367,7 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
   mc_prep_publish(a, count, rexp, m_eff);
+  if (tid == 0) mc_prep_outcome(a, one, 0);
   const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
   for (int i = tid; i < W * nw; i += blockDim.x) {
     const int dst = i / nw, l = i % nw;
@@ -399,7 +419,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
   if (m_eff < 0 || m_eff > a.m) {
     if (tid == 0 && blockIdx.x == 0) {
       mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
-      sc[MC_WS_BAD] = 1;
+      mc_prep_refuse(a, one);
     }
     return -1;
   }
@@ -435,7 +455,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
   if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad, &digest)) return -1;
   mc_trace_point(&a, MC_TK_PREP, 0);
   if (bad) {
-    if (tid == 0 && (!one || blockIdx.x == 0)) sc[MC_WS_BAD] = 1;
+    if (tid == 0 && (!one || blockIdx.x == 0)) mc_prep_refuse(a, one);
     return -1;
   }
   if (!one || blockIdx.x == 0)

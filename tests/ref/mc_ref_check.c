@@ -217,7 +217,10 @@ int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *
       if (strcmp(cases[i].what, "int64 id past 2^32") == 0) wide[last + K - 1] += (int64_t)1 << 32;
       if (d->gpu) mc_dev_put(1, bad_idx, host_idx, n * w);
     }
-    mc_result_t rc = D(ci->tokens, ci->scales, cases[i].indices, in->m, cases[i].bound, MC_SEND);
+    /* on a GPU every other refusal comes from a whole call: its receiving
+     * kernel, already running, must learn of it and let the round go */
+    const int flags = d->gpu && (round + (uint64_t)i) % 2 ? MC_SEND_RECV : MC_SEND;
+    mc_result_t rc = D(ci->tokens, ci->scales, cases[i].indices, in->m, cases[i].bound, flags);
     if (d->gpu && rc == MC_SUCCESS) { /* refused on the device: learnt after a sync */
       mc_dev_sync(1);
       rc = mc_a2a_check(a2a);
