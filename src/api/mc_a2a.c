@@ -165,12 +165,6 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
     if (memcmp(&all[r], &mine, sizeof mine) != 0) rc = config_mismatch(comm, r, &all[r], &mine);
   free(all);
   if (rc != MC_SUCCESS) return rc;
-  /* every rank agrees on the config, so every rank refuses alike */
-  if (mine.dispatch_input == MC_INPUT_BF16_TO_E4M3 && !ops->quantises)
-    return mc_fail(comm->err, MC_ERR_UNSUPPORTED,
-                   "config->dispatch_input: the %s transport does not quantise in dispatch yet (the cpu transport "
-                   "does); quantise before dispatch and pass MC_INPUT_BYTES",
-                   ops->name);
 
   mc_a2a_t *a2a = calloc(1, sizeof *a2a);
   if (!a2a) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");

@@ -94,7 +94,6 @@ struct mc_transport_ops {
   mc_result_t (*dense_alltoall)(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup, float *times_us);
   /* copy the workspace's per-expert load (mc_ws_load_off) out, then zero it if reset */
   mc_result_t (*expert_load)(mc_a2a_t *a2a, int64_t *counts, int reset);
-  int quantises; /* 1: dispatch-send takes MC_INPUT_BF16_TO_E4M3 (tables that leave it out: 0) */
 };
 
 /* The table for a transport this build has, or NULL. */

@@ -197,5 +197,4 @@ const mc_transport_ops_t mc_cpu_ops = {
     .combine_send = mc_cpu_combine_send,
     .combine_recv = mc_cpu_combine_recv,
     .expert_load = cpu_expert_load,
-    .quantises = 1,
 };
