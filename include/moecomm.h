@@ -45,7 +45,7 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define MC_VERSION_MAJOR 0
-#define MC_VERSION_MINOR 3
+#define MC_VERSION_MINOR 4
 #define MC_VERSION_PATCH 0
 /* One integer that compares in release order: 0.1.0 -> 100. */
 #define MC_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
@@ -397,6 +397,23 @@ MC_API mc_result_t mc_a2a_get_stats(const mc_a2a_t *a2a, mc_a2a_stats_t *stats);
  * again from zero after the copy. A refused round counts nothing. Not for
  * the hot path (on a GPU: a copy and a stream synchronisation). */
 MC_API mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset);
+
+/* Masked ranks: going on without a rank that died. mask[r] != 0 leaves rank
+ * r out of every later round: nothing is sent to it or awaited from it, and
+ * tokens routed to its experts lose those experts (combine sums the rows of
+ * the others; a token whose experts are all on masked ranks combines to
+ * zeros). Every rank the new mask keeps calls it with the same mask, at a
+ * round's end or after a failed call aborted the handle (the usual case: a
+ * timeout named the rank); the call waits for those ranks (at most the
+ * comm's timeout), settles with them which round comes next, and leaves
+ * the handle working. An all-zero mask clears it: a rank that was masked
+ * while alive takes part again once it calls too. A masked rank's process,
+ * if it still runs, must not use the handle until it is unmasked.
+ * Groups of one rank only (config group_size 1); the cpu transport for
+ * now (the GPU transports return MC_ERR_UNSUPPORTED). Not for the hot path. */
+MC_API mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask);
+/* The mask in force: mask[r] = 1 where rank r is left out (world_size bytes). */
+MC_API mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask);
 
 /* ---- benchmark support ------------------------------------------------- */
 

@@ -75,8 +75,8 @@ MEASURED = [
 BYTE_TOLERANCE = 0.005
 # `mc-bench --sizes` (-t 128, then -t 1), same build and date: window + workspace per rank, EP1..EP256.
 MEASURED_SIZES = {
-    128: [5651512, 10296024, 19586584, 38168504, 75332728, 149661368, 298318744, 595635592, 1190261128],
-    1: [80008, 115400, 187736, 333224, 624584, 1207496, 2373416, 4707352, 9367064],
+    128: [5651544, 10296088, 19586712, 38168760, 75333240, 149662392, 298320792, 595639688, 1190269320],
+    1: [80040, 115464, 187864, 333480, 625096, 1208520, 2375464, 4711448, 9375256],
 }
 
 
@@ -101,7 +101,7 @@ def row_bytes(s):
 def window_bytes(s, world, tokens):
     """The symmetric allocation of one handle (nvshmem_malloc on the nvshmem transport)."""
     src_cap = -(-tokens // s["group"])
-    w = align16(6 * world * 8)  # signals
+    w = align16(8 * world * 8)  # signals
     w += world * meta_bytes(s, world)  # disp_meta
     w += world * src_cap * record_bytes(s)  # disp_recv
     w += world * tokens * row_bytes(s)  # comb_recv
@@ -115,7 +115,7 @@ def workspace_bytes(s, world, tokens):
     E, k, L, src_cap = s["experts"], s["topk"], s["experts"] // world, -(-tokens // s["group"])
     o = world * src_cap * align16(16 + k * 12)  # route entries
     o += align16(tokens * k * 2) + align16(tokens * 2)  # dests, n_dests
-    o += 6 * world * 8  # seen
+    o += 8 * world * 8  # seen
     o += align16(world * 4) + align16(world * L * 4) + align16((world + E) * 4)  # expect, base, sendcnt
     o += align16(s["hidden"] * 4) + align16(src_cap * k * 4)  # acc, ridx
     o += align16(20 * 4) + 4 * 8 + 8  # scalars, stats, round

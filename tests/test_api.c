@@ -265,3 +265,45 @@ int test_create_destroy_loop(void) {
   return 0;
 }
 
+
+/* mc_a2a_mask_ranks and mc_a2a_get_mask: what is refused (and changes
+ * nothing), and a clear that lets rounds go on, on a rank alone (the
+ * agreement with other ranks: test mask_dead_rank). */
+int test_mask_rules(void) {
+  solo_t s;
+  MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
+  mc_a2a_config_t ac = small_config(4, 8, 2, 16, 8);
+  mc_a2a_t *a2a;
+  MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
+  _Alignas(16) unsigned char tok[4 * 16], x[8 * 64 * 16], y[8 * 64 * 8 * 4], out[4 * 8 * 4];
+  memset(tok, 0x22, sizeof tok), memset(y, 0, sizeof y);
+  int32_t cnt[8], ids[4 * 2] = {0, 1, 2, 3, 4, 5, 6, 7};
+  uint8_t mask[1] = {1}, got[1] = {7};
+  MC_CHECK_OK(mc_a2a_get_mask(a2a, got));
+  MC_CHECK(got[0] == 0);
+  MC_CHECK_RC(mc_a2a_mask_ranks(a2a, NULL), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "mask is NULL") != NULL);
+  MC_CHECK_RC(mc_a2a_mask_ranks(a2a, mask), MC_ERR_INVALID_ARG); /* a rank never masks itself */
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "rank 0 itself") != NULL);
+  MC_CHECK_RC(mc_a2a_get_mask(a2a, NULL), MC_ERR_INVALID_ARG);
+  MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, ids, NULL, 4, NULL, x, NULL, cnt, MC_SEND, NULL));
+  mask[0] = 0;
+  MC_CHECK_RC(mc_a2a_mask_ranks(a2a, mask), MC_ERR_INVALID_USAGE); /* mid-round */
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "next step is the dispatch recv") != NULL);
+  MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, ids, NULL, 4, NULL, x, NULL, cnt, MC_RECV, NULL));
+  MC_CHECK_OK(mc_combine(a2a, y, out, MC_SEND_RECV, NULL));
+  MC_CHECK_OK(mc_a2a_mask_ranks(a2a, mask)); /* at a round's end: the clear mask, agreed with itself */
+  MC_CHECK_OK(mc_a2a_get_mask(a2a, got));
+  MC_CHECK(got[0] == 0);
+  for (int round = 0; round < 3; round++) { /* and rounds go on */
+    MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, ids, NULL, 4, NULL, x, NULL, cnt, MC_SEND_RECV, NULL));
+    MC_CHECK(cnt[0] == 1 && cnt[7] == 1);
+    MC_CHECK_OK(mc_combine(a2a, y, out, MC_SEND_RECV, NULL));
+  }
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
+  MC_CHECK_RC(mc_a2a_mask_ranks(a2a, mask), MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_a2a_get_mask(a2a, got), MC_ERR_INVALID_USAGE);
+  MC_CHECK_RC(mc_a2a_mask_ranks(NULL, mask), MC_ERR_INVALID_ARG);
+  solo_close(&s);
+  return 0;
+}

@@ -9,7 +9,7 @@ import ctypes as C
 from ._lib import load
 
 # ---- version, results, enumerations (moecomm.h) ----
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 3, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 4, 0
 VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 SUCCESS = 0
@@ -116,6 +116,8 @@ _PROTOS = {
     "mc_a2a_check": (_r, [_vp]),
     "mc_a2a_get_stats": (_r, [_vp, C.POINTER(A2AStats)]),
     "mc_a2a_get_expert_load": (_r, [_vp, _vp, _i]),
+    "mc_a2a_mask_ranks": (_r, [_vp, _vp]),
+    "mc_a2a_get_mask": (_r, [_vp, _vp]),
     "mc_comm_bench_dense_alltoall": (_r, [_vp, C.c_size_t, _i, _i, C.POINTER(C.c_float)]),
 }
 

@@ -134,6 +134,25 @@ class AllToAll:
         import torch
         return torch.from_numpy(counts)
 
+    def mask_ranks(self, mask):
+        """mc_a2a_mask_ranks: leave the ranks where mask is true out of every
+        later round (nothing sent to them or awaited from them; their
+        experts drop out of each token's sum). Every rank the mask keeps
+        calls it with the same mask, at a round's end or after a failed call
+        (a timeout that named a dead rank); it waits for them and leaves the
+        handle working. An all-false mask clears it. Groups of one rank; the
+        cpu transport for now."""
+        m = np.ascontiguousarray(np.asarray(mask, dtype=bool).astype(np.uint8))
+        if m.shape != (self.comm.world_size,):
+            raise invalid(f"mask: {self.comm.world_size} values (one per rank), got shape {tuple(m.shape)}")
+        check(lib.mc_a2a_mask_ranks(self._h, m.ctypes.data), self.last_error)
+
+    def get_mask(self):
+        """mc_a2a_get_mask: a bool numpy array, true where a rank is left out."""
+        m = np.zeros(self.comm.world_size, np.uint8)
+        check(lib.mc_a2a_get_mask(self._h, m.ctypes.data), self.last_error)
+        return m.astype(bool)
+
     # ---- output allocation (once, not per call): numpy on the cpu
     # transport, torch CUDA tensors on the comm's device on a GPU one ----
     def _empty(self, shape, dtype, zero=False):

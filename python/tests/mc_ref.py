@@ -34,17 +34,20 @@ def make_group_inputs(rng, max_tokens, num_experts, k, hidden, scale_floats, wit
     return {"x": x, "s": s, "idx": idx, "w": w, "bm": bm, "valid": m if bm is None else bm}
 
 
-def ref_dispatch(groups, rank, L):
-    """Per local expert of `rank`: the (group, token) of each slot, in slot order."""
+def ref_dispatch(groups, rank, L, masked=()):
+    """Per local expert of `rank`: the (group, token) of each slot, in slot
+    order (groups of one rank: a masked rank's group sends nothing)."""
     slots = []
     for le in range(L):
         e = rank * L + le
-        slots.append([(g, t) for g, inp in enumerate(groups) for t in range(inp["valid"]) if e in inp["idx"][t]])
+        slots.append([(g, t) for g, inp in enumerate(groups) if g not in masked
+                      for t in range(inp["valid"]) if e in inp["idx"][t]])
     return slots
 
 
-def ref_combine(inp, L, in_dt, out_dt):
-    """(out storage [valid][hidden], sum |w y| in fp32) for one group's tokens."""
+def ref_combine(inp, L, in_dt, out_dt, masked=()):
+    """(out storage [valid][hidden], sum |w y| in fp32) for one group's
+    tokens; the experts of masked ranks drop out."""
     n, hidden = inp["valid"], inp["x"].shape[1]
     out = np.zeros((n, hidden), np.float32)
     mag = np.zeros((n, hidden), np.float32)
@@ -52,7 +55,7 @@ def ref_combine(inp, L, in_dt, out_dt):
         experts = sorted(int(e) for e in inp["idx"][t])
         weight = {int(e): inp["w"][t][j] for j, e in enumerate(inp["idx"][t])}
         total = np.zeros(hidden, np.float32)
-        for r in sorted({e // L for e in experts}):
+        for r in sorted({e // L for e in experts} - set(masked)):
             acc = np.zeros(hidden, np.float32)
             for e in (e for e in experts if e // L == r):
                 y = from_storage(expert_fn(inp["x"][t], e, in_dt), in_dt)

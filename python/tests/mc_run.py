@@ -62,21 +62,22 @@ def _copy(a):
     return a.numpy().copy() if not isinstance(a, np.ndarray) and hasattr(a, "numpy") else np.array(a)
 
 
-def check_rank(groups, rank, group_size, L, got, in_dt, out_dt):
-    """Dispatch slots exactly; combine output against the reference."""
+def check_rank(groups, rank, group_size, L, got, in_dt, out_dt, masked=()):
+    """Dispatch slots exactly; combine output against the reference (the
+    ranks in masked left out)."""
     cnt, ex, exs, out = got
-    slots = ref_dispatch(groups, rank, L)
+    slots = ref_dispatch(groups, rank, L, masked)
     assert list(cnt) == [len(s) for s in slots], f"rank {rank}: counts"
     for le, sl in enumerate(slots):
         for j, (g, t) in enumerate(sl):
             np.testing.assert_array_equal(ex[le, j], groups[g]["x"][t], err_msg=f"rank {rank} expert {le} slot {j}")
             if exs is not None:
                 np.testing.assert_array_equal(exs[le, j], groups[g]["s"][t])
-    check_out(groups[rank // group_size], L, out, in_dt, out_dt, rank)
+    check_out(groups[rank // group_size], L, out, in_dt, out_dt, rank, masked)
 
 
-def check_out(inp, L, out, in_dt, out_dt, rank):
-    want, mag = ref_combine(inp, L, in_dt, out_dt)
+def check_out(inp, L, out, in_dt, out_dt, rank, masked=()):
+    want, mag = ref_combine(inp, L, in_dt, out_dt, masked)
     if out_dt == "fp32":
         np.testing.assert_array_equal(out, want, err_msg=f"rank {rank}: combine out")
     else:

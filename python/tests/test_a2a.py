@@ -51,6 +51,39 @@ def test_rounds_match_reference(rng, ws, gs, in_dt, out_dt, sf, bound, split):
         assert not after_reset.any()
 
 
+def test_mask_a_rank_then_clear(rng):
+    """Rank 2 of 3 is masked while alive: ranks 0 and 1 run a round without
+    it (its experts drop out), then all three clear the mask and run a full
+    round; both checked against the reference; the mask's refusals."""
+    ws, E, rounds = 3, 6, 2
+    groups = [[make_group_inputs(rng, MAX_TOKENS, E, K, HIDDEN, 0, False) for _ in range(ws)] for _ in range(rounds)]
+    sync = __import__("threading").Barrier(ws, timeout=30)
+
+    def rank_fn(rank, comm):
+        with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=E, experts_per_token=K, hidden=HIDDEN,
+                              token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32") as a2a:
+            bufs, got = _bufs(a2a, 0), []
+            with pytest.raises(moecomm.MoecommInvalid):
+                a2a.mask_ranks([False, False])  # one value per rank
+            if rank < 2:
+                a2a.mask_ranks([False, False, True])
+                assert list(a2a.get_mask()) == [False, False, True]
+                got.append(one_round(a2a, rank, groups[0][rank], bufs))
+            else:
+                with pytest.raises(moecomm.MoecommError):
+                    a2a.mask_ranks([False, False, True])  # not by the rank it leaves out
+            sync.wait()
+            a2a.mask_ranks([False, False, False])  # every rank: rank 2 is back
+            assert not a2a.get_mask().any()
+            got.append(one_round(a2a, rank, groups[1][rank], bufs))
+        return got, a2a.num_local_experts
+
+    for rank, (got, L) in enumerate(run_threads(ws, rank_fn)):
+        if rank < 2:
+            check_rank(groups[0], rank, 1, L, got[0], "fp32", "fp32", masked=(2,))
+        check_rank(groups[1], rank, 1, L, got[-1], "fp32", "fp32")
+
+
 def test_python_allgather_callback(rng):
     """A Communicator over a pure-Python allgather (the ctypes callback path)."""
     import threading

@@ -176,6 +176,14 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
                             config->token_bytes, config->scale_bytes,
                             mc_dtype_size(config->combine_in_dtype)};
   a2a->stats.size = sizeof a2a->stats;
+  a2a->masked = calloc((size_t)comm->world_size, 1);
+  a2a->mask_calls = calloc((size_t)comm->world_size, sizeof *a2a->mask_calls);
+  if (!a2a->masked || !a2a->mask_calls) {
+    free(a2a->masked);
+    free(a2a->mask_calls);
+    free(a2a);
+    return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  }
   rc = ops->a2a_create(a2a);
   if (rc == MC_SUCCESS && mc_handle_add(a2a) != 0) {
     ops->a2a_destroy(a2a);
@@ -183,6 +191,8 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   }
   if (rc != MC_SUCCESS) {
     memcpy(comm->err, a2a->err, sizeof comm->err);
+    free(a2a->masked);
+    free(a2a->mask_calls);
     free(a2a);
     return rc;
   }
@@ -197,6 +207,8 @@ mc_result_t mc_a2a_destroy(mc_a2a_t *a2a) {
   mc_handle_remove(a2a);
   a2a->ops->a2a_destroy(a2a);
   a2a->comm->live_a2a--;
+  free(a2a->masked);
+  free(a2a->mask_calls);
   free(a2a);
   return MC_SUCCESS;
 }
@@ -247,17 +259,21 @@ static mc_result_t refuse_aborted(mc_a2a_t *a2a, const char *call) {
                  a2a->first_err);
 }
 
+static const char *next_name(mc_phase_t p) {
+  static const char *what[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+  return what[p];
+}
+
 static mc_result_t check_flags_and_state(mc_a2a_t *a2a, const char *call, unsigned flags,
                                          mc_phase_t send_phase) {
   if (a2a->aborted) return refuse_aborted(a2a, call);
   if (flags == 0 || (flags & ~(unsigned)MC_SEND_RECV))
     return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: flags=0x%x must be MC_SEND, MC_RECV or both",
                    call, flags);
-  static const char *what[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
   mc_phase_t want = (flags & MC_SEND) ? send_phase : (mc_phase_t)(send_phase + 1);
   if (a2a->next != want)
     return mc_fail(a2a->err, MC_ERR_INVALID_USAGE, "%s: called for the %s, but the next step is the %s",
-                   call, what[want], what[a2a->next]);
+                   call, next_name(want), next_name(a2a->next));
   return MC_SUCCESS;
 }
 
@@ -362,3 +378,51 @@ mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned 
   return MC_SUCCESS;
 }
 
+
+mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask) {
+  NEED_LIVE_A2A(a2a, "mc_a2a_mask_ranks");
+  const char *call = "mc_a2a_mask_ranks";
+  const int W = a2a->comm->world_size, me = a2a->comm->rank;
+  if (!mask) return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: mask is NULL", call);
+  if (mask[me])
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                   "%s: mask[%d] is set on rank %d itself: the ranks a mask keeps are the ones that call it", call,
+                   me, me);
+  int any = 0;
+  for (int r = 0; r < W; r++) any |= mask[r] != 0;
+  if (any && a2a->shape.group_size != 1)
+    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
+                   "%s: ranks can be masked in groups of one rank only (group_size is %d: a masked rank's share "
+                   "of its group's tokens would be lost)",
+                   call, a2a->shape.group_size);
+  if (!a2a->ops->mask)
+    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "%s: the %s transport cannot mask ranks yet", call,
+                   a2a->ops->name);
+  if (!a2a->aborted && a2a->next != MC_NEXT_DISPATCH_SEND)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: called in the middle of a round (the next step is the %s): call it at a round's end, or "
+                   "after a failed call",
+                   call, next_name(a2a->next));
+  uint8_t *m = malloc((size_t)W);
+  if (!m) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
+  for (int r = 0; r < W; r++) m[r] = mask[r] != 0;
+  mc_result_t rc = a2a->ops->mask(a2a, m);
+  if (rc != MC_SUCCESS) { /* the handle stays as it was (aborted if it was); the others may call again */
+    free(m);
+    return rc;
+  }
+  memcpy(a2a->masked, m, (size_t)W);
+  free(m);
+  a2a->aborted = 0;
+  a2a->refused = 0;
+  a2a->first_err[0] = '\0';
+  a2a->next = MC_NEXT_DISPATCH_SEND;
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask) {
+  NEED_LIVE_A2A(a2a, "mc_a2a_get_mask");
+  if (!mask) return mc_fail(((mc_a2a_t *)a2a)->err, MC_ERR_INVALID_ARG, "mc_a2a_get_mask: mask is NULL");
+  memcpy(mask, a2a->masked, (size_t)a2a->comm->world_size);
+  return MC_SUCCESS;
+}

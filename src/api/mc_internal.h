@@ -59,6 +59,10 @@ struct mc_a2a {
   int refused;       /* the transport refused this round's input after the call returned
                         (checked on the device): the round is over, dispatch-send is next */
   uint64_t round;    /* 1-based number of the round in progress or last done (64-bit: never wraps) */
+  uint8_t *masked;   /* [world_size]: 1 where the rank is left out (mc_a2a_mask_ranks) */
+  uint64_t *mask_calls; /* [world_size]: masks set by this rank and rank r together (each of the two
+                           counts them alike, however many it set without the other): the step
+                           numbers of their next one */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];
@@ -94,6 +98,9 @@ struct mc_transport_ops {
   mc_result_t (*dense_alltoall)(mc_comm_t *comm, size_t bytes_per_peer, int iters, int warmup, float *times_us);
   /* copy the workspace's per-expert load (mc_ws_load_off) out, then zero it if reset */
   mc_result_t (*expert_load)(mc_a2a_t *a2a, int64_t *counts, int reset);
+  /* optional: mc_a2a_mask_ranks's agreement with the ranks the mask keeps
+   * (NULL: the transport cannot mask ranks) */
+  mc_result_t (*mask)(mc_a2a_t *a2a, const uint8_t *mask);
 };
 
 /* The table for a transport this build has, or NULL. */

@@ -59,8 +59,18 @@ enum {
   MC_SIG_WAITING = 5,   /* cpu: entry [owner] of the owner's own window: 1 + the rank it waits
                            for, 0 when not waiting; read by a peer that timed out, to name the
                            rank at the root of a chain of waits */
-  MC_SIG_COUNT = 6
+  MC_SIG_RESYNC = 6,    /* SET to 4 x (masks set so far) + the step of mc_a2a_mask_ranks peer reached */
+  MC_SIG_RESYNC_ROUND = 7, /* SET to peer's last round, before its first MC_SIG_RESYNC step */
+  MC_SIG_COUNT = 8
 };
+
+/* A slot's name, for the texts of timeouts. */
+static inline const char *mc_sig_name(int slot) {
+  static const char *const names[MC_SIG_COUNT] = {
+      "dispatch meta", "dispatch records", "combine rows", "combine entry (round barrier)",
+      "barrier",       "waiting",          "mask step",    "mask round"};
+  return slot >= 0 && slot < MC_SIG_COUNT ? names[slot] : "?";
+}
 
 /* How a put or signal updates the receiver's signal word. */
 enum { MC_SIG_SET = 0, MC_SIG_ADD = 1 };

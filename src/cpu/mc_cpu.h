@@ -36,5 +36,6 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
 mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
 mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args);
 mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args);
+mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask); /* mc_cpu_mask.c */
 
 #endif

@@ -36,7 +36,8 @@ mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args) {
   unsigned char *win = mc_cpu_mine(a2a);
   float *acc = mc_cpu_ws(a2a, mc_ws_acc_off(s));
 
-  for (int p = 0; p < W; p++) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
+  for (int p = 0; p < W; p++)
+    if (!a2a->masked[p]) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
   for (int i = 0; i < c->n_route; i++) {
     const mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, i));
     unsigned char *row = win + mc_comb_send_off(s, i);
@@ -74,6 +75,7 @@ mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
   mc_result_t rc;
 
   for (int src = 0; src < W; src++) {
+    if (a2a->masked[src]) continue; /* expects nothing from it: its rows were routed away */
     uint64_t *total = &seen[MC_SIG_COMB_ROWS * W + src];
     if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_ROWS, src, *total + expect[src], NULL)))
       return rc;
@@ -87,6 +89,7 @@ mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args) {
     mc_row_store(o, acc, H, out_dt);
   }
   for (int p = 0; p < W; p++)
-    if ((rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_BAR, p, a2a->round, NULL))) return rc;
+    if (!a2a->masked[p] && (rc = mc_cpu_wait_ge(a2a, "combine recv", MC_SIG_COMB_BAR, p, a2a->round, NULL)))
+      return rc;
   return MC_SUCCESS;
 }

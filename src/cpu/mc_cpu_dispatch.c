@@ -31,6 +31,15 @@
 
 static int ids64(const mc_a2a_t *a2a) { return a2a->cfg.index_dtype == MC_INDEX_INT64; }
 
+/* A token's n destination ranks less the masked ones (mc_a2a_mask_ranks):
+ * its experts there are dropped. Returns how many are left. */
+static int masked_out(const mc_a2a_t *a2a, uint16_t *d, int n) {
+  int kept = 0;
+  for (int j = 0; j < n; j++)
+    if (!a2a->masked[d[j]]) d[kept++] = d[j];
+  return kept;
+}
+
 /* MC_INPUT_BF16_TO_E4M3: one token's hidden bf16 values into its record's
  * e4m3 payload and per-block scales (src/core/mc_quant.h). */
 static void quantise_row(const mc_a2a_config_t *c, const uint16_t *x, unsigned char *q, unsigned char *scales) {
@@ -110,7 +119,7 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   for (int t = 0; t < m_eff; t++) {
     int32_t idx[MC_MAX_TOPK];
     load_ids(a2a, args, t, idx);
-    n_dests[t] = (uint16_t)mc_route_dests(idx, K, L, dests + (int64_t)t * K);
+    n_dests[t] = (uint16_t)masked_out(a2a, dests + (int64_t)t * K, mc_route_dests(idx, K, L, dests + (int64_t)t * K));
     for (int j = 0; j < n_dests[t]; j++) expect[dests[(int64_t)t * K + j]]++;
   }
 
@@ -153,6 +162,7 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
    * zero included, and can compare our inputs' digest with our group's. */
   const uint64_t digest = s->group_size > 1 ? group_digest(args, m_eff, K, ids64(a2a)) : 0;
   for (int d = 0; d < W; d++) {
+    if (a2a->masked[d]) continue;
     uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
     meta[0] = nrec[d];
     memcpy(meta + 1, npos + (int64_t)d * L, sizeof(uint32_t) * (size_t)L);
@@ -179,6 +189,7 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   /* 1. Every source's meta of this round; slot bases by (source, expert). */
   for (int l = 0; l < L; l++) args->expert_count[l] = 0;
   for (int src = 0; src < W; src++) {
+    if (a2a->masked[src]) continue; /* masked: it sends nothing, nothing is awaited */
     uint64_t got;
     if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_META, src, round, &got))) return rc;
     if (got != round)
@@ -216,6 +227,7 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   /* 2. Each source's records, in order, into their slots. */
   c->n_route = 0;
   for (int src = 0; src < W; src++) {
+    if (a2a->masked[src]) continue;
     uint32_t n = ((const uint32_t *)(win + mc_disp_meta_off(s, src)))[0];
     uint64_t *total = &seen[MC_SIG_DISP_RECS * W + src];
     if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + n, NULL))) return rc;

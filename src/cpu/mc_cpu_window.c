@@ -79,14 +79,12 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
     if (v >= target) break;
     if (it > 32) sched_yield();
     if (it % 64 == 0 && now_ns() > deadline) {
-      static const char *what[] = {"dispatch meta", "dispatch records", "combine rows",
-                                   "combine entry (round barrier)"};
       char root[256];
       const mc_wait_view_t view = {a2a, cpu_gone, cpu_waiting};
       mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
       return mc_fail(a2a->err, MC_ERR_TIMEOUT,
                      "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
-                     phase, a2a->comm->rank, a2a->comm->timeout_ms, peer, what[slot],
+                     phase, a2a->comm->rank, a2a->comm->timeout_ms, peer, mc_sig_name(slot),
                      (unsigned long long)target, (unsigned long long)v, root);
     }
   }
@@ -197,4 +195,5 @@ const mc_transport_ops_t mc_cpu_ops = {
     .combine_send = mc_cpu_combine_send,
     .combine_recv = mc_cpu_combine_recv,
     .expert_load = cpu_expert_load,
+    .mask = mc_cpu_mask,
 };

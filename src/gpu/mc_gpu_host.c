@@ -161,11 +161,6 @@ static const char *phase_name(int p) {
   static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier"};
   return p >= 0 && p < 5 ? n[p] : "?";
 }
-static const char *slot_name(int s) {
-  static const char *n[] = {"dispatch meta", "dispatch records", "combine rows, counted in row segments",
-                            "combine entry (round barrier)", "barrier", "waiting"};
-  return s >= 0 && s < MC_SIG_COUNT ? n[s] : "?";
-}
 
 /* Who waits for whom after a timeout (mc_describe_wait_root): a rank's
  * process where it runs on this host, its "waiting for" word (set by a
@@ -212,7 +207,7 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
     return mc_fail(a2a->err, MC_ERR_TIMEOUT,
                    "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu) in round "
                    "%llu%s",
-                   phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, slot_name(e->slot),
+                   phase_name(e->phase), e->rank, a2a->comm->timeout_ms, e->peer, mc_sig_name(e->slot),
                    (unsigned long long)e->expected, (unsigned long long)e->seen, (unsigned long long)e->round, root);
   }
   if (code == MC_DEVERR_GROUP_DIFFERS) { /* as the cpu transport says it; the handle is done */

@@ -115,6 +115,8 @@ void mc_ref_input_free(mc_input_t *in) {
   memset(in, 0, sizeof *in);
 }
 
+static int rank_masked(const mc_case_t *c, int r) { return r < 64 && (c->masked >> r & 1u); }
+
 static int token_has(const mc_case_t *c, const mc_input_t *in, int t, int expert) {
   for (int k = 0; k < c->topk; k++)
     if (in->indices[(size_t)t * c->topk + k] == expert) return 1;
@@ -128,7 +130,7 @@ void mc_ref_dispatch(const mc_case_t *c, const mc_input_t *ins, int rank, int32_
     int expert = rank * L + l, n = 0;
     /* Slots in (source group, token) order, by definition. */
     for (int g = 0; g < mc_ref_num_groups(c); g++)
-      for (int t = 0; t < ins[g].bound_m; t++) {
+      for (int t = 0; t < ins[g].bound_m && !rank_masked(c, g * c->group_size); t++) {
         if (!token_has(c, &ins[g], t, expert)) continue;
         src_group[(size_t)l * cap + n] = g;
         src_token[(size_t)l * cap + n] = t;
@@ -182,6 +184,7 @@ void mc_ref_combine(const mc_case_t *c, const mc_input_t *in, void *out) {
           float w = in->weights ? in->weights[(size_t)t * K + order[i]] : 1.0f;
           part += w * ys[(size_t)order[i] * c->hidden + h];
         }
+        if (rank_masked(c, r)) continue; /* its experts drop out */
         float wire;
         mc_store_elem(&wire, 0, c->in_dtype, part); /* rounded as it travels */
         acc += mc_load_elem(&wire, 0, c->in_dtype);
@@ -200,6 +203,7 @@ void mc_ref_combine_ideal(const mc_case_t *c, const mc_input_t *in, double *out,
   for (int t = 0; t < in->bound_m; t++) {
     for (int h = 0; h < c->hidden; h++) out[(size_t)t * c->hidden + h] = absum[(size_t)t * c->hidden + h] = 0;
     for (int k = 0; k < K; k++) {
+      if (rank_masked(c, in->indices[(size_t)t * K + k] / mc_ref_local_experts(c))) continue;
       double w = in->weights ? in->weights[(size_t)t * K + k] : 1.0;
       expert_row(c, in, t, in->indices[(size_t)t * K + k], tmp, row);
       for (int h = 0; h < c->hidden; h++) {
@@ -220,6 +224,7 @@ uint64_t mc_ref_records_sent(const mc_case_t *c, const mc_input_t *in, int rank)
   uint64_t n = 0;
   for (int t = b; t < e; t++)
     for (int r = 0; r < c->world_size; r++) {
+      if (rank_masked(c, r)) continue; /* nothing goes to a masked rank */
       int hit = 0;
       for (int l = 0; l < L; l++) hit |= token_has(c, in, t, r * L + l);
       n += (uint64_t)hit;

@@ -25,6 +25,8 @@ typedef struct mc_case {
   int expert_identity; /* 1: tokens are hidden values in in_dtype and every expert returns its
                           input unchanged (a device copy can stand in for the experts) */
   int quant;          /* MC_REF_QUANT_*: dispatch quantises bf16 rows (MC_INPUT_BF16_TO_E4M3) */
+  uint64_t masked;    /* bit r: rank r masked (mc_a2a_mask_ranks; groups of one, world_size <= 64): its
+                         tokens are not sent and its experts drop out of every token */
 } mc_case_t;
 
 enum { MC_REF_QUANT_NONE = 0, MC_REF_QUANT_FP32 = 1, MC_REF_QUANT_UE8M0 = 2 };

@@ -69,6 +69,7 @@ typedef struct rank_st {
   uint64_t round;
   size_t xbytes, sbytes, ybytes, obytes;
   int64_t *load; /* [2][L]: mc_a2a_get_expert_load before and after a checked round */
+  mc_case_t masked_case; /* mask_stalled: the case with the stalled rank masked (c points here then) */
 } rank_st_t;
 
 /* A library call that must succeed: on failure record it and return -1
@@ -280,7 +281,8 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
   st->round = (uint64_t)i + 1;
   st->a2a = st->hs[i % st->nh];
   const int check = o->check && (o->check_first <= 0 || i < o->check_first || i == total - 1);
-  if (st->rank == o->stall_rank && i == o->stall_round) {
+  const int stall_here = st->rank == o->stall_rank && i == o->stall_round;
+  if (stall_here && !o->stall_in_combine) {
     if (o->processes) raise(SIGKILL); /* a rank that dies */
     return -1;                        /* a rank that goes silent */
   }
@@ -302,6 +304,10 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
   const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
   if (round_dispatch(st, ci, in->m, one_call) != 0) return -1;
   if ((check || !st->gpu) && round_experts(st, check) != 0) return -1;
+  if (stall_here) { /* stall_in_combine: its peers have its records, not its rows */
+    if (o->processes) raise(SIGKILL);
+    return -1;
+  }
   if (round_combine(st, one_call) != 0) return -1;
   if (i >= o->warmup && i < o->warmup + o->rounds)
     mc_rr_store_samples(st->samples, st->ctx->res->rounds, i - o->warmup, st->gpu, st->gpu && one_call);
@@ -342,6 +348,33 @@ static void rank_baselines(rank_st_t *st) {
   }
 }
 
+/* mask_stalled: the round the stalled rank broke ended in a timeout (or in
+ * the refusal of a handle a timeout aborted); the others mask it on every
+ * handle and go on from the next round. -1 where that is not the case or
+ * the masking failed. */
+static int rank_mask_stalled(rank_st_t *st, int i) {
+  const mc_run_opts_t *o = st->o;
+  mc_run_rank_t *me = st->me;
+  if (!o->mask_stalled || st->c == &st->masked_case || st->rank == o->stall_rank || i < o->stall_round ||
+      st->c->world_size > 64 || (me->api_rc != MC_ERR_TIMEOUT && me->api_rc != MC_ERR_ABORTED))
+    return -1;
+  uint8_t mask[64] = {0};
+  mask[o->stall_rank] = 1;
+  me->failed = 0, me->api_rc = 0, me->msg[0] = '\0'; /* the expected failure */
+  for (int h = 0; h < st->nh; h++) API(st, mc_a2a_mask_ranks(st->hs[h], mask));
+  uint8_t got[64];
+  API(st, mc_a2a_get_mask(st->hs[0], got));
+  if (memcmp(got, mask, (size_t)st->c->world_size) != 0) {
+    mc_rr_fail(me, 0, "rank %d: mc_a2a_get_mask does not give back the mask just set", st->rank);
+    return -1;
+  }
+  st->masked_case = *st->c;
+  st->masked_case.masked = 1ull << o->stall_rank;
+  st->c = &st->masked_case;
+  me->masked_after = st->round;
+  return 0;
+}
+
 /* Every round, then what was asked besides. -1 where a step stopped. */
 static int rank_work(rank_st_t *st) {
   const mc_run_opts_t *o = st->o;
@@ -363,7 +396,7 @@ static int rank_work(rank_st_t *st) {
   const int total = o->warmup + (timed_graph ? 0 : o->rounds) + tail;
   call_in_t ci = {0};
   for (int i = 0; i < total; i++)
-    if (rank_round(st, i, total, &ci) != 0) return -1;
+    if (rank_round(st, i, total, &ci) != 0 && rank_mask_stalled(st, i) != 0) return -1;
   const int m = st->b.ins[st->rank / st->c->group_size].m;
   if (timed_graph && !st->me->failed && st->a2a)
     mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, st->samples, st->ctx->res->rounds, st->me);

@@ -44,11 +44,14 @@ typedef struct mc_run_opts {
   int ids64;          /* 1: the handles take int64 top-k ids (MC_INDEX_INT64), the inputs widened */
   int quant_apart;    /* quantising cases: a step of its own (mc_dev_quantise) quantises the rows before
                          a dispatch of e4m3 bytes, timed with it: the way quantising in dispatch saves */
+  int mask_stalled;   /* the round the stalled rank breaks (a timeout on the others) ends there: the others
+                         mask it (mc_a2a_mask_ranks) and go on, checked against the reference without it */
+  int stall_in_combine; /* 1: the stalled rank stops after dispatch of stall_round, before its combine */
   int differ_round;   /* > 0: in this round the last rank of each group passes one weight changed
                          (its group's inputs differ: every rank must fail the round, naming them) */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */
@@ -56,6 +59,7 @@ typedef struct mc_run_rank {
   char msg[768];          /* the first failure */
   mc_a2a_stats_t stats;   /* of the first handle, at the end */
   uint64_t expected_records; /* one per (token, destination rank), from the reference */
+  uint64_t masked_after;     /* mask_stalled: the round after which this rank masked the stalled one (0: never) */
   double max_err;         /* max |out - ideal| / (sum |w y| + 1e-6) seen */
   double wall_s;          /* the whole run on this rank */
   int rc_after_timeout;   /* what the next call returned after a timeout */

@@ -1,0 +1,61 @@
+/* mc_cpu_mask.c - setting a mask of ranks on the cpu transport: the ranks
+ * it keeps stop, agree on the round to go on from, and take in what is
+ * left in their windows, so that later rounds start from the same counts.
+ *
+ * Two steps, each a signal to every kept rank and a wait for theirs (slot
+ * MC_SIG_RESYNC, value 4 x the masks the two ranks have set together + the
+ * step: a rank masked for a while has set fewer than the others, and only
+ * the count of masks set together is the same on both sides):
+ * 1. "stopped": before it, each writes its last round (MC_SIG_RESYNC_ROUND).
+ *    Once every kept rank has signalled it, none of them sends a record or
+ *    row any more, and what they sent has landed (the puts are copies made
+ *    before the signal, with release order). Each rank then takes every
+ *    kept peer's running totals as consumed (a round cut short leaves
+ *    records or rows counted but unread) and goes on from the largest
+ *    round any of them reached.
+ * 2. "taken in": nobody sends again before every kept rank has done that,
+ *    or a fast rank's next round would be swallowed by a slow one's step.
+ * A masked rank's slots are never read while it is masked: whatever it
+ * still writes (a rank stopped, then resumed) lands in its own regions. */
+#include "mc_cpu.h"
+
+static uint64_t signal_from(mc_a2a_t *a2a, int slot, int peer) {
+  uint64_t v = 0;
+  (void)mc_cpu_wait_ge(a2a, "mc_a2a_mask_ranks", slot, peer, 0, &v); /* target 0: reads at once */
+  return v;
+}
+
+static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
+  const int W = a2a->shape.world_size;
+  for (int p = 0; p < W; p++)
+    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * a2a->mask_calls[p] + (uint64_t)k, MC_SIG_SET);
+  for (int p = 0; p < W; p++) {
+    mc_result_t rc;
+    if (!mask[p] && (rc = mc_cpu_wait_ge(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p,
+                                         4 * a2a->mask_calls[p] + (uint64_t)k, NULL)) != MC_SUCCESS)
+      return rc;
+  }
+  return MC_SUCCESS;
+}
+
+mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
+  const mc_shape_t *s = &a2a->shape;
+  const int W = s->world_size;
+  for (int p = 0; p < W; p++)
+    if (!mask[p]) {
+      a2a->mask_calls[p]++;
+      mc_cpu_signal(a2a, p, MC_SIG_RESYNC_ROUND, a2a->round, MC_SIG_SET);
+    }
+  mc_result_t rc = step(a2a, mask, 1);
+  if (rc != MC_SUCCESS) return rc;
+  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s)), round = a2a->round;
+  for (int p = 0; p < W; p++) {
+    if (mask[p]) continue;
+    const uint64_t r = signal_from(a2a, MC_SIG_RESYNC_ROUND, p);
+    if (r > round) round = r;
+    seen[MC_SIG_DISP_RECS * W + p] = signal_from(a2a, MC_SIG_DISP_RECS, p);
+    seen[MC_SIG_COMB_ROWS * W + p] = signal_from(a2a, MC_SIG_COMB_ROWS, p);
+  }
+  a2a->round = round;
+  return step(a2a, mask, 2);
+}
