@@ -404,8 +404,8 @@ MC_API mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int re
  * the others; a token whose experts are all on masked ranks combines to
  * zeros). Every rank the new mask keeps calls it with the same mask, at a
  * round's end or after a failed call aborted the handle (the usual case: a
- * timeout named the rank); the call waits for those ranks (at most the
- * comm's timeout), settles with them which round comes next, and leaves
+ * timeout named the rank); the call waits for those ranks (at most twice
+ * the comm's timeout), settles with them which round comes next, and leaves
  * the handle working. An all-zero mask clears it: a rank that was masked
  * while alive takes part again once it calls too. A masked rank's process,
  * if it still runs, must not use the handle until it is unmasked.

@@ -27,6 +27,9 @@ void mc_cpu_signal(mc_a2a_t *a2a, int peer, int slot, uint64_t value, int op);
  * and the handle's text names the phase, this rank, the peer, and the values. */
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
                            uint64_t *seen);
+/* The same for at most timeout_ms. */
+mc_result_t mc_cpu_wait_ge_for(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
+                               uint64_t *seen, int timeout_ms);
 
 static inline mc_cpu_t *mc_cpu(mc_a2a_t *a2a) { return (mc_cpu_t *)a2a->impl; }
 static inline unsigned char *mc_cpu_mine(mc_a2a_t *a2a) { return mc_cpu(a2a)->peer[a2a->comm->rank]; }

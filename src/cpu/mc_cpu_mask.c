@@ -15,6 +15,9 @@
  *    round any of them reached.
  * 2. "taken in": nobody sends again before every kept rank has done that,
  *    or a fast rank's next round would be swallowed by a slow one's step.
+ * The waits last up to twice the comm's timeout: each rank comes here
+ * after its own failed call, which may have ended up to a timeout later
+ * than another's (it waited for a rank that was itself waiting).
  * A masked rank's slots are never read while it is masked: whatever it
  * still writes (a rank stopped, then resumed) lands in its own regions. */
 #include "mc_cpu.h"
@@ -31,8 +34,9 @@ static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
     if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * a2a->mask_calls[p] + (uint64_t)k, MC_SIG_SET);
   for (int p = 0; p < W; p++) {
     mc_result_t rc;
-    if (!mask[p] && (rc = mc_cpu_wait_ge(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p,
-                                         4 * a2a->mask_calls[p] + (uint64_t)k, NULL)) != MC_SUCCESS)
+    if (!mask[p] && (rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p,
+                                             4 * a2a->mask_calls[p] + (uint64_t)k, NULL,
+                                             2 * a2a->comm->timeout_ms)) != MC_SUCCESS)
       return rc;
   }
   return MC_SUCCESS;

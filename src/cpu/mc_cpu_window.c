@@ -65,6 +65,11 @@ static int cpu_waiting(void *ctx, int r, uint64_t *word) {
 
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
                            uint64_t *seen) {
+  return mc_cpu_wait_ge_for(a2a, phase, slot, peer, target, seen, a2a->comm->timeout_ms);
+}
+
+mc_result_t mc_cpu_wait_ge_for(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
+                               uint64_t *seen, int timeout_ms) {
   _Atomic uint64_t *sig = sig_at(mc_cpu_mine(a2a), &a2a->shape, slot, peer);
   uint64_t v = atomic_load_explicit(sig, memory_order_acquire);
   if (v >= target) goto done;
@@ -73,7 +78,7 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
   /* Spin briefly (the peer is usually a few microseconds away), then yield:
    * ranks often outnumber cores, and a spinning rank would starve the one it
    * waits for. The clock is read every 64 polls to keep polling cheap. */
-  uint64_t deadline = now_ns() + (uint64_t)a2a->comm->timeout_ms * 1000000ull;
+  uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
   for (unsigned it = 1;; it++) {
     v = atomic_load_explicit(sig, memory_order_acquire);
     if (v >= target) break;
@@ -84,7 +89,7 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
       mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
       return mc_fail(a2a->err, MC_ERR_TIMEOUT,
                      "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
-                     phase, a2a->comm->rank, a2a->comm->timeout_ms, peer, mc_sig_name(slot),
+                     phase, a2a->comm->rank, timeout_ms, peer, mc_sig_name(slot),
                      (unsigned long long)target, (unsigned long long)v, root);
     }
   }
