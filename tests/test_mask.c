@@ -2,7 +2,7 @@
  * as processes, one killed with SIGKILL before dispatch of round 3, or
  * between its dispatch and its combine (its peers then hold rows of that
  * round they never read); the others time out in that round, mask it, and
- * run up to a thousand more rounds,
+ * run up to a thousand more rounds (after an mc_a2a_barrier of theirs),
  * each checked against the reference model without the dead rank's tokens
  * and experts (expert_x and counts byte for byte, combine bit for bit,
  * the records sent, the expert load). */

@@ -55,7 +55,7 @@ enum {
                            mc_record_pieces); never reset (running total) */
   MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
   MC_SIG_COMB_BAR = 3,  /* SET to the round number when peer entered combine-send */
-  MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (GPU transports) */
+  MC_SIG_BARRIER = 4,   /* SET to the count of mc_a2a_barrier calls (cpu: made with that peer) */
   MC_SIG_WAITING = 5,   /* cpu: entry [owner] of the owner's own window: 1 + the rank it waits
                            for, 0 when not waiting; read by a peer that timed out, to name the
                            rank at the root of a chain of waits */

@@ -14,6 +14,8 @@ typedef struct mc_cpu {
   int64_t *pid;          /* pid[r]: rank r's process (its liveness names a dead peer in a timeout) */
   int m_eff;             /* valid tokens of the current round (bound_m applied) */
   int n_route;           /* records dispatch-recv took in this round */
+  uint64_t *barriers;    /* barriers[r]: mc_a2a_barrier calls made with rank r (both count them alike,
+                            however many either made while the other was masked) */
 } mc_cpu_t;
 
 /* Copy bytes to offset dst_off of peer's window, then update peer's signal

@@ -106,6 +106,7 @@ static void release_all(mc_a2a_t *a2a) {
   for (int r = 0; c->peer && r < a2a->comm->world_size; r++) mc_shm_release(c->peer[r]);
   free(c->peer);
   free(c->pid);
+  free(c->barriers);
   free(c->ws);
   free(c);
   a2a->impl = NULL;
@@ -128,9 +129,10 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
   c->peer = calloc((size_t)W, sizeof *c->peer);
   c->pid = calloc((size_t)W, sizeof *c->pid);
   c->ws = calloc(1, mc_workspace_bytes(s));
+  c->barriers = calloc((size_t)W, sizeof *c->barriers);
   mc_shm_card_t mine, *all = calloc((size_t)W, sizeof mine);
   map_verdict_t verdict = {1, ""}, *verdicts = calloc((size_t)W, sizeof verdict);
-  if (!c->peer || !c->pid || !c->ws || !all || !verdicts) {
+  if (!c->peer || !c->pid || !c->ws || !c->barriers || !all || !verdicts) {
     /* without a place to receive, we cannot take part in the exchange; the
      * peers' allgather fails on its own timeout */
     free(all);
@@ -177,7 +179,23 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
 
 static void cpu_a2a_destroy(mc_a2a_t *a2a) { release_all(a2a); }
 
-/* barrier: mc_a2a_barrier's host barrier is the cpu transport's */
+/* mc_a2a_barrier: every rank not masked SETs each other's BARRIER[me] to the
+ * count of barriers the two have made together, and waits for the same. */
+static mc_result_t cpu_barrier(mc_a2a_t *a2a, void *stream) {
+  mc_cpu_t *c = mc_cpu(a2a);
+  const int W = a2a->comm->world_size;
+  (void)stream;
+  for (int p = 0; p < W; p++)
+    if (!a2a->masked[p]) mc_cpu_signal(a2a, p, MC_SIG_BARRIER, ++c->barriers[p], MC_SIG_SET);
+  for (int p = 0; p < W; p++) {
+    mc_result_t rc;
+    if (!a2a->masked[p] &&
+        (rc = mc_cpu_wait_ge(a2a, "mc_a2a_barrier", MC_SIG_BARRIER, p, c->barriers[p], NULL)) != MC_SUCCESS)
+      return rc;
+  }
+  return MC_SUCCESS;
+}
+
 static int cpu_usable(void) { return 1; }
 
 static mc_result_t cpu_expert_load(mc_a2a_t *a2a, int64_t *counts, int reset) {
@@ -199,6 +217,7 @@ const mc_transport_ops_t mc_cpu_ops = {
     .dispatch_recv = mc_cpu_dispatch_recv,
     .combine_send = mc_cpu_combine_send,
     .combine_recv = mc_cpu_combine_recv,
+    .barrier = cpu_barrier,
     .expert_load = cpu_expert_load,
     .mask = mc_cpu_mask,
 };

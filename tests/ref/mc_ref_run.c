@@ -362,6 +362,7 @@ static int rank_mask_stalled(rank_st_t *st, int i) {
   mask[o->stall_rank] = 1;
   me->failed = 0, me->api_rc = 0, me->msg[0] = '\0'; /* the expected failure */
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_mask_ranks(st->hs[h], mask));
+  for (int h = 0; h < st->nh; h++) API(st, mc_a2a_barrier(st->hs[h], mc_dev_stream())); /* the others only */
   uint8_t got[64];
   API(st, mc_a2a_get_mask(st->hs[0], got));
   if (memcmp(got, mask, (size_t)st->c->world_size) != 0) {
