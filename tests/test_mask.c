@@ -1,7 +1,8 @@
 /* test_mask.c - going on without a dead rank (mc_a2a_mask_ranks): ranks
- * as processes, one killed with SIGKILL before dispatch of round 3, or
- * between its dispatch and its combine (its peers then hold rows of that
- * round they never read); the others time out in that round, mask it, and
+ * as processes, one killed with SIGKILL in a round drawn from the seed (2
+ * to 5), before its dispatch or between its dispatch and its combine (its
+ * peers then hold rows of that round they never read); the others time out
+ * in that round, mask it, and
  * run up to a thousand more rounds (after an mc_a2a_barrier of theirs),
  * each checked against the reference model without the dead rank's tokens
  * and experts (expert_x and counts byte for byte, combine bit for bit,
@@ -12,6 +13,7 @@
 #include "mc_test.h"
 
 static int run_masked(int world, int dead, int in_combine, int rounds, uint64_t seed) {
+  const int stall_round = 1 + (int)(seed % 4); /* 0-based: it breaks round stall_round + 1 */
   mc_case_t c;
   mc_ref_random_case(seed, &c);
   c.world_size = world;
@@ -25,7 +27,7 @@ static int run_masked(int world, int dead, int in_combine, int rounds, uint64_t 
   o.timeout_ms = 1000; /* on a loaded machine the survivors' own timeouts end far apart */
   o.processes = 1;
   o.stall_rank = dead;
-  o.stall_round = 2;
+  o.stall_round = stall_round;
   o.mask_stalled = 1;
   o.stall_in_combine = in_combine;
   mc_run_result_t res;
@@ -35,8 +37,8 @@ static int run_masked(int world, int dead, int in_combine, int rounds, uint64_t 
     const mc_run_rank_t *me = &res.ranks[r];
     MC_CHECK_MSG(!me->failed, "W=%d, rank %d dead (in combine: %d): rank %d: %s", world, dead, in_combine, r,
                  me->msg);
-    MC_CHECK_MSG(me->masked_after == 3, "W=%d, rank %d dead: rank %d masked it after round %llu", world, dead, r,
-                 (unsigned long long)me->masked_after);
+    MC_CHECK_MSG(me->masked_after == (uint64_t)stall_round + 1, "W=%d, rank %d dead in round %d: rank %d masked it "
+                 "after round %llu", world, dead, stall_round + 1, r, (unsigned long long)me->masked_after);
   }
   mc_run_free(&res);
   return 0;
