@@ -118,6 +118,7 @@ _PROTOS = {
     "mc_a2a_get_expert_load": (_r, [_vp, _vp, _i]),
     "mc_a2a_mask_ranks": (_r, [_vp, _vp]),
     "mc_a2a_get_mask": (_r, [_vp, _vp]),
+    "mc_a2a_barrier": (_r, [_vp, _vp]),
     "mc_comm_bench_dense_alltoall": (_r, [_vp, C.c_size_t, _i, _i, C.POINTER(C.c_float)]),
 }
 

@@ -62,8 +62,9 @@ class AllToAll:
     """Dispatch/combine handle with its receive buffers (mc_a2a_create).
     Collective: every rank passes the same arguments. Use as a context
     manager (on a clean exit it runs comm.barrier() and then destroy(), since
-    peers may still write into this rank's buffers until they finish), or
-    call comm.barrier() and destroy() yourself."""
+    peers may still write into this rank's buffers until they finish; with
+    ranks masked, a barrier of the ranks still in instead), or call
+    comm.barrier() and destroy() yourself."""
 
     def __init__(self, comm, *, max_tokens, num_experts, experts_per_token, hidden,
                  token_bytes=None, scale_bytes=0, combine_in_dtype="bf16", combine_out_dtype="bf16",
@@ -352,7 +353,10 @@ class AllToAll:
 
     def __exit__(self, exc_type, *_):
         if exc_type is None:
-            self.comm.barrier()
+            if self._h and self.get_mask().any():  # a dead rank would fail the communicator's barrier
+                check(lib.mc_a2a_barrier(self._h, None), self.last_error)
+            else:
+                self.comm.barrier()
         self.destroy()
 
     def __del__(self):

@@ -84,6 +84,31 @@ def test_mask_a_rank_then_clear(rng):
         check_rank(groups[1], rank, 1, L, got[-1], "fp32", "fp32")
 
 
+def test_exit_with_a_rank_masked(rng):
+    """Leaving the context manager with a rank masked: the barrier is the
+    ranks still in (the communicator's would wait for the masked one)."""
+    ws, E = 3, 6
+    inputs = [make_group_inputs(rng, MAX_TOKENS, E, K, HIDDEN, 0, False) for _ in range(ws)]
+    done = __import__("threading").Barrier(ws, timeout=30)
+
+    def rank_fn(rank, comm):
+        a2a = moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=E, experts_per_token=K, hidden=HIDDEN,
+                               token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32")
+        got = None
+        if rank < 2:
+            with a2a:
+                a2a.mask_ranks([False, False, True])
+                got = one_round(a2a, rank, inputs[rank], _bufs(a2a, 0))
+        done.wait()  # rank 2 stays out, and lets go of its handle after the others
+        if rank == 2:
+            a2a.destroy()
+        return got, a2a.num_local_experts
+
+    for rank, (got, L) in enumerate(run_threads(ws, rank_fn)):
+        if rank < 2:
+            check_rank(inputs, rank, 1, L, got, "fp32", "fp32", masked=(2,))
+
+
 def test_python_allgather_callback(rng):
     """A Communicator over a pure-Python allgather (the ctypes callback path)."""
     import threading
