@@ -378,7 +378,6 @@ mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned 
   return MC_SUCCESS;
 }
 
-
 mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask) {
   NEED_LIVE_A2A(a2a, "mc_a2a_mask_ranks");
   const char *call = "mc_a2a_mask_ranks";
@@ -407,9 +406,9 @@ mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask) {
   if (!m) return mc_fail(a2a->err, MC_ERR_SYSTEM, "out of host memory");
   for (int r = 0; r < W; r++) m[r] = mask[r] != 0;
   mc_result_t rc = a2a->ops->mask(a2a, m);
-  if (rc != MC_SUCCESS) { /* the handle stays as it was (aborted if it was); the others may call again */
+  if (rc != MC_SUCCESS) { /* a kept rank did not come: aborted, as after any timeout; all may call again */
     free(m);
-    return rc;
+    return after(a2a, rc);
   }
   memcpy(a2a->masked, m, (size_t)W);
   free(m);
