@@ -227,7 +227,7 @@ int test_gpu_quant_dispatch(void) {
     c.hidden = cases[i].hidden;
     c.quant = cases[i].ue8m0 ? MC_REF_QUANT_UE8M0 : MC_REF_QUANT_FP32;
     c.token_bytes = (size_t)c.hidden;
-    c.scale_bytes = (size_t)c.hidden / 128 * (cases[i].ue8m0 ? 1 : 4);
+    c.scale_bytes = mc_quant_scale_bytes(c.hidden, cases[i].ue8m0);
     c.expert_identity = 0; /* the experts read the e4m3 payload as bytes */
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;

@@ -4,6 +4,7 @@
  * drawn fresh from the run's seed; a failure prints the seed and the case. */
 #include <string.h>
 
+#include "mc_quant.h"
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
@@ -69,7 +70,7 @@ int test_quant_dispatch(void) {
     c.quant = i % 2 ? MC_REF_QUANT_UE8M0 : MC_REF_QUANT_FP32;
     c.hidden = 512 * (1 + i % 3);
     c.token_bytes = (size_t)c.hidden;
-    c.scale_bytes = (size_t)c.hidden / 128 * (c.quant == MC_REF_QUANT_UE8M0 ? 1 : 4);
+    c.scale_bytes = mc_quant_scale_bytes(c.hidden, c.quant == MC_REF_QUANT_UE8M0);
     c.expert_identity = 0;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;

@@ -84,15 +84,27 @@ MC_HD float mc_e4m3_to_f32(uint8_t c) {
   return (c & 0x80u) ? -v : v;
 }
 
-/* amax over the finite values of n bf16 values */
-MC_HD float mc_quant_amax(const uint16_t *x, int n) {
+/* Device loops over a part of a block (16 values) must unroll, or the
+ * values would live in local memory. */
+#ifdef __CUDACC__
+#define MC_QUANT_UNROLL _Pragma("unroll")
+#else
+#define MC_QUANT_UNROLL
+#endif
+
+/* amax over the finite values of n bf16 values, as float bits (the bits of
+ * non-negative floats order as the floats do: parts of a block combine by
+ * an integer max) */
+MC_HD uint32_t mc_quant_amax_bits(const uint16_t *x, int n) {
   uint32_t amax = 0;
+  MC_QUANT_UNROLL
   for (int i = 0; i < n; i++) {
     const uint32_t a = ((uint32_t)x[i] << 16) & 0x7fffffffu;
     if (a < 0x7f800000u && a > amax) amax = a;
   }
-  return mc_bits_f32(amax);
+  return amax;
 }
+MC_HD float mc_quant_amax(const uint16_t *x, int n) { return mc_bits_f32(mc_quant_amax_bits(x, n)); }
 
 /* The UE8M0 exponent of a block whose amax is `amax`: the smallest e with
  * 448 * 2^e >= amax. amax = 1.f * 2^E: 448 = 1.75 * 2^8, so e = E - 8,
@@ -105,20 +117,43 @@ MC_HD int mc_ue8m0_exp(float amax) {
   return e < -127 ? -127 : e;
 }
 
+/* n values of a block whose amax is `amax` (the whole block, or a part of
+ * it: the GPU kernels make 16 values a thread) into n e4m3 bytes. Returns
+ * the block's scale as it is stored: the float's bits (fp32 format), or
+ * its biased exponent byte (UE8M0). */
+MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, uint8_t *q) {
+  if (ue8m0) {
+    const int e = mc_ue8m0_exp(amax);
+    /* 2^-e as a float, a normal: e <= 120 for any finite bf16 amax (3.4e38) */
+    const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
+    MC_QUANT_UNROLL
+    for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) * inv);
+    return (uint32_t)(e + 127);
+  }
+  const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
+  MC_QUANT_UNROLL
+  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
+  return mc_f32_bits(s);
+}
+
 /* One block of n <= MC_QBLOCK bf16 values into n e4m3 bytes; the scale as
  * a float (fp32 format) or as its biased exponent byte (UE8M0). */
 MC_HD float mc_quant_block_fp32(const uint16_t *x, int n, uint8_t *q) {
-  const float amax = mc_quant_amax(x, n);
-  const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
-  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
-  return s;
+  return mc_bits_f32(mc_quant_values(x, n, mc_quant_amax(x, n), 0, q));
 }
 MC_HD uint8_t mc_quant_block_ue8m0(const uint16_t *x, int n, uint8_t *q) {
-  const int e = mc_ue8m0_exp(mc_quant_amax(x, n));
-  /* 2^-e as a float, a normal: e <= 120 for any finite bf16 amax (3.4e38) */
-  const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
-  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) * inv);
-  return (uint8_t)(e + 127);
+  return (uint8_t)mc_quant_values(x, n, mc_quant_amax(x, n), 1, q);
+}
+
+/* nblocks consecutive blocks of MC_QBLOCK values (a token's row, or rows
+ * one after another) into e4m3 bytes and their scales, one after another. */
+MC_HD void mc_quant_blocks(const uint16_t *x, size_t nblocks, int ue8m0, uint8_t *q, uint8_t *scales) {
+  for (size_t b = 0; b < nblocks; b++) {
+    const uint16_t *xb = x + b * MC_QBLOCK;
+    const uint32_t sc = mc_quant_values(xb, MC_QBLOCK, mc_quant_amax(xb, MC_QBLOCK), ue8m0, q + b * MC_QBLOCK);
+    if (ue8m0) scales[b] = (uint8_t)sc;
+    else memcpy(scales + b * 4, &sc, sizeof sc);
+  }
 }
 
 #endif

@@ -40,19 +40,6 @@ static int masked_out(const mc_a2a_t *a2a, uint16_t *d, int n) {
   return kept;
 }
 
-/* MC_INPUT_BF16_TO_E4M3: one token's hidden bf16 values into its record's
- * e4m3 payload and per-block scales (src/core/mc_quant.h). */
-static void quantise_row(const mc_a2a_config_t *c, const uint16_t *x, unsigned char *q, unsigned char *scales) {
-  for (int b = 0; b < c->hidden / MC_QBLOCK; b++) {
-    const uint16_t *xb = x + (size_t)b * MC_QBLOCK;
-    if (c->scale_format == MC_SCALE_UE8M0) {
-      scales[b] = mc_quant_block_ue8m0(xb, MC_QBLOCK, q + (size_t)b * MC_QBLOCK);
-    } else {
-      const float sc = mc_quant_block_fp32(xb, MC_QBLOCK, q + (size_t)b * MC_QBLOCK);
-      memcpy(scales + (size_t)b * 4, &sc, sizeof sc);
-    }
-  }
-}
 
 /* Token t's ids as int32 (the round was checked: they are valid). */
 static void load_ids(const mc_a2a_t *a2a, const mc_dispatch_args_t *args, int t, int32_t *idx) {
@@ -144,8 +131,10 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
                                     args->weights ? args->weights[(int64_t)t * K + order[k]] : 1.0f};
     }
     if (a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3) {
-      quantise_row(&a2a->cfg, (const uint16_t *)args->tokens + (uint64_t)t * s->hidden, rec + mc_record_payload_off(s),
-                   rec + mc_record_scale_off(s));
+      /* MC_INPUT_BF16_TO_E4M3: the token's bf16 row into the record's e4m3 payload and scales */
+      mc_quant_blocks((const uint16_t *)args->tokens + (uint64_t)t * s->hidden, (size_t)(s->hidden / MC_QBLOCK),
+                      a2a->cfg.scale_format == MC_SCALE_UE8M0, rec + mc_record_payload_off(s),
+                      rec + mc_record_scale_off(s));
     } else {
       memcpy(rec + mc_record_payload_off(s), (const unsigned char *)args->tokens + (uint64_t)t * s->token_bytes,
              s->token_bytes);

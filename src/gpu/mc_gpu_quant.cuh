@@ -23,37 +23,21 @@ MC_DEV void mc_quant_piece(const mc_kargs_t &a, int t, int j, uint32_t bytes, in
   for (int q = 0; q < 4; q++) {
     const uint32_t part = lane + 32u * q;
     uint16_t x[16];
-    uint32_t amax = 0; /* as float bits: finite values only (mc_quant_amax) */
+    uint32_t amax = 0;
     if (part < cnt) {
       const int4 *src = (const int4 *)(row + (uint64_t)part * 16);
       const int4 lo = src[0], hi = src[1];
       memcpy(x, &lo, 16);
       memcpy(x + 8, &hi, 16);
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const uint32_t b = ((uint32_t)x[i] << 16) & 0x7fffffffu;
-        if (b < 0x7f800000u && b > amax) amax = b;
-      }
+      amax = mc_quant_amax_bits(x, 16);
     }
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     v[q] = make_int4(0, 0, 0, 0);
     sc[q] = 0;
     if (part >= cnt) continue;
-    const float am = mc_bits_f32(amax);
     uint8_t out[16];
-    if (a.quant == 2) {
-      const int e = mc_ue8m0_exp(am);
-      const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
-#pragma unroll
-      for (int i = 0; i < 16; i++) out[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) * inv);
-      sc[q] = (uint32_t)(e + 127);
-    } else {
-      const float s = am > 0.0f ? am / MC_E4M3_MAX : 1.0f;
-#pragma unroll
-      for (int i = 0; i < 16; i++) out[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
-      sc[q] = mc_f32_bits(s);
-    }
+    sc[q] = mc_quant_values(x, 16, mc_bits_f32(amax), a.quant == 2, out);
     memcpy(&v[q], out, 16);
   }
 }

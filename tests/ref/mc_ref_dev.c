@@ -133,17 +133,7 @@ int mc_dev_quantise(int gpu, const void *x, int m, int hidden, int ue8m0, void *
   if (gpu) return mc_ref_quantise_on_gpu(x, m, hidden, ue8m0, q, scales, cudaStreamPerThread);
 #endif
   (void)gpu;
-  const size_t nb = (size_t)m * (size_t)(hidden / MC_QBLOCK);
-  for (size_t b = 0; b < nb; b++) {
-    const uint16_t *xb = (const uint16_t *)x + b * MC_QBLOCK;
-    uint8_t *qb = (uint8_t *)q + b * MC_QBLOCK;
-    if (ue8m0) {
-      ((uint8_t *)scales)[b] = mc_quant_block_ue8m0(xb, MC_QBLOCK, qb);
-    } else {
-      const float s = mc_quant_block_fp32(xb, MC_QBLOCK, qb);
-      memcpy((uint8_t *)scales + b * 4, &s, sizeof s);
-    }
-  }
+  mc_quant_blocks(x, (size_t)m * (size_t)(hidden / MC_QBLOCK), ue8m0, q, scales); /* rows one after another */
   return 0;
 }
 

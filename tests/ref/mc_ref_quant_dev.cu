@@ -14,33 +14,22 @@
 __global__ void mc_ref_k_quantise(const uint16_t *x, size_t parts, int ue8m0, uint8_t *q, uint8_t *scales) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint16_t v[16];
-  uint32_t amax = 0; /* as float bits: finite values only */
+  uint32_t amax = 0;
   if (i < parts) {
     const int4 lo = ((const int4 *)x)[2 * i], hi = ((const int4 *)x)[2 * i + 1];
     memcpy(v, &lo, 16);
     memcpy(v + 8, &hi, 16);
-#pragma unroll
-    for (int k = 0; k < 16; k++) {
-      const uint32_t b = ((uint32_t)v[k] << 16) & 0x7fffffffu;
-      if (b < 0x7f800000u && b > amax) amax = b;
-    }
+    amax = mc_quant_amax_bits(v, 16);
   }
   /* the 8 parts of a block are 8 neighbouring lanes (i % 8 == lane % 8) */
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (i >= parts) return;
   uint8_t out[16];
-  if (ue8m0) {
-    const int e = mc_ue8m0_exp(mc_bits_f32(amax));
-    const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
-#pragma unroll
-    for (int k = 0; k < 16; k++) out[k] = mc_f32_to_e4m3(mc_bf16_to_f32(v[k]) * inv);
-    if (i % 8 == 0) scales[i / 8] = (uint8_t)(e + 127);
-  } else {
-    const float am = mc_bits_f32(amax), s = am > 0.0f ? am / MC_E4M3_MAX : 1.0f;
-#pragma unroll
-    for (int k = 0; k < 16; k++) out[k] = mc_f32_to_e4m3(mc_bf16_to_f32(v[k]) / s);
-    if (i % 8 == 0) ((float *)scales)[i / 8] = s;
+  const uint32_t sc = mc_quant_values(v, 16, mc_bits_f32(amax), ue8m0, out);
+  if (i % 8 == 0) {
+    if (ue8m0) scales[i / 8] = (uint8_t)sc;
+    else ((uint32_t *)scales)[i / 8] = sc;
   }
   int4 o4;
   memcpy(&o4, out, 16);
