@@ -171,10 +171,9 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   a2a->comm = comm;
   a2a->cfg = mine;
   a2a->ops = ops;
-  a2a->shape = (mc_shape_t){comm->world_size,  comm->group_size,         config->num_experts,
-                            config->experts_per_token, config->max_tokens, config->hidden,
-                            config->token_bytes, config->scale_bytes,
-                            mc_dtype_size(config->combine_in_dtype)};
+  a2a->shape = mc_shape_make(comm->world_size, comm->group_size, config->num_experts, config->experts_per_token,
+                             config->max_tokens, config->hidden, config->token_bytes, config->scale_bytes,
+                             mc_dtype_size(config->combine_in_dtype));
   a2a->stats.size = sizeof a2a->stats;
   a2a->masked = calloc((size_t)comm->world_size, 1);
   a2a->mask_calls = calloc((size_t)comm->world_size, sizeof *a2a->mask_calls);
