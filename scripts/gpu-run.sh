@@ -25,7 +25,8 @@ if [ "$mode" = pplx ]; then
   # PPLX_REPS times (default 2): EP2 with one rank per GPU where there are two
   # GPUs, EP8 on one GPU under MPS (PPLX_EPS picks, default both / 8); the
   # DeepSeek-V3 layer at 1 and 128 tokens and 64 experts top-6 hidden 2048
-  # at 128, moecomm timed whole and in halves; scripts/vs_pplx.py's table last
+  # at 128, moecomm timed whole and in halves; scripts/vs_pplx.py's table,
+  # then moecomm alone at 4096 tokens beside NVSHMEM's dense all-to-all
   pp=${PPLX_DIR:-.baselines}
   [ -x "$pp/pplx_bench" ] || { echo "no $pp/pplx_bench: put pplx-kernels' benchmark and run-pplx.sh there"; exit 1; }
   eps=${PPLX_EPS:-8}; [ -z "${PPLX_EPS:-}" ] && [ "$(scripts/mc-launch.sh --gpus)" -ge 2 ] && eps="2 8"
@@ -48,6 +49,19 @@ if [ "$mode" = pplx ]; then
     done
   done
   python3 scripts/vs_pplx.py "$out" | tee "$out/vs-pplx.txt"
+  # and 4096 tokens, whole: p2p, then nvshmem with NVSHMEM's dense
+  # all-to-all of the same padded payload beside it (what the link gives)
+  for ep in $eps; do
+    one=; [ "$ep" -gt 2 ] && one=CUDA_VISIBLE_DEVICES=0
+    for tp in p2p nvshmem; do
+      d=--no-dense; [ $tp = nvshmem ] && d=
+      env $one timeout 120 scripts/mc-launch.sh "$ep" -- build-dev/mc-bench --transport $tp -n "$ep" -t 4096 --whole $d \
+        -r 30 -w 3 --json > "$out/big-ep$ep-$tp.json" 2> "$out/big-ep$ep-$tp.err" ||
+        echo "mc-bench EP$ep 4096 tokens $tp: exit $?" | tee -a "$out/summary.txt"
+    done
+  done
+  python3 scripts/bench_table.py "$out" big- "4096 tokens, whole (dense: NVSHMEM's all-to-all of the padded payload)" |
+    tee "$out/big.txt"
   exit 0
 fi
 if [ "$mode" = probe ]; then
