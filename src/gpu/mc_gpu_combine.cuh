@@ -40,11 +40,8 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
   __syncthreads();
   if (blockIdx.x == 0)
-    for (int p = threadIdx.x; p < W; p += blockDim.x) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
-      else mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
-    }
+    for (int p = threadIdx.x; p < W; p += blockDim.x)
+      if (!mc_masked(&a, p)) mc_signal_set(a, p, MC_SIG_COMB_BAR, round);
   const uint64_t row_bytes = mc_row_bytes(s);
   const int segs = mc_row_segs(s);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
@@ -158,7 +155,8 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
   }
   mc_trace_point(&a, MC_TK_CRECV, 1);
   for (int p = tid; p < W; p += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
+    if (!mc_masked(&a, p) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;

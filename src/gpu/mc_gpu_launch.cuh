@@ -166,4 +166,37 @@ static mc_result_t mc_gpu_barrier(mc_a2a_t *a2a, void *stream) {
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "barrier kernel launch");
 }
 
+/* mc_a2a_mask_ranks on a GPU: every kernel of the broken round has ended
+ * (each waits at most the timeout; a device-wide synchronisation, as this
+ * is no hot path), its failure is over, the mask goes into the workspace,
+ * and one block agrees with the kept ranks (mc_k_mask), waiting up to twice
+ * the timeout: they come after their own failed calls. */
+static mc_result_t mc_gpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
+  mc_gpu_t *g = gpu(a2a);
+  const int W = a2a->shape.world_size;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: waiting for the broken round's kernels");
+  volatile mc_dev_error_t *err = g->err_h;
+  err->code = 0;
+  __sync_synchronize();
+  err->claimed = 0;
+  e = cudaMemcpy(g->ws + mc_ws_mask_off(&a2a->shape), mask, (size_t)W, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: copying the mask");
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
+  if (rc != MC_SUCCESS) return rc;
+  ka.any_masked = 1;
+  ka.timeout_ns *= 2;
+  const int threads = W < MC_THREADS ? (W + 31) / 32 * 32 : MC_THREADS;
+  mc_k_mask<<<1, threads>>>(ka);
+  if ((e = cudaGetLastError()) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess)
+    return cuda_fail(a2a, e, "mc_a2a_mask_ranks: the agreement kernel");
+  if ((rc = mc_gpu_check(a2a)) != MC_SUCCESS) return rc;
+  int any = 0;
+  for (int r = 0; r < W; r++) any |= mask[r];
+  g->any_masked = any;
+  g->recv_owed = 0;
+  return MC_SUCCESS;
+}
+
 #endif

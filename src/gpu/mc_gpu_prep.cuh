@@ -235,11 +235,12 @@ MC_DEV uint64_t mc_m_digest(int m_eff) { return mc_mix64(0x6d2d656666ull ^ (uint
 
 /* A valid token's destination ranks (rk, first, jpos), stored ascending
  * into the route table. */
-MC_DEV void mc_prep_ranks(const int K, const int L, const int t, const mc_route_tab_t &tab, mc_prep_tok_t &tk) {
+MC_DEV void mc_prep_ranks(const mc_kargs_t &a, const int K, const int L, const int t, const mc_route_tab_t &tab,
+                          mc_prep_tok_t &tk) {
 #pragma unroll
   for (int k = 0; k < MC_MAX_TOPK; k++) {
     tk.rk[k] = k < K ? tk.idx[k] / L : 0;
-    bool f = k < K;
+    bool f = k < K && !mc_masked(&a, tk.rk[k]); /* a masked rank's experts drop out */
 #pragma unroll
     for (int j = 0; j < k; j++) f = f && tk.rk[j] != tk.rk[k];
     tk.first |= (uint32_t)f << k;
@@ -371,6 +372,7 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
   const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
   for (int i = tid; i < W * nw; i += blockDim.x) {
     const int dst = i / nw, l = i % nw;
+    if (mc_masked(&a, dst)) continue;
     uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
                          : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
     meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
@@ -382,7 +384,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
     for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
     __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
     for (int dst = tid; dst < W; dst += blockDim.x)
-      mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+      if (!mc_masked(&a, dst))
+        mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
   } else if (tid == 0) {
     *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
   }
@@ -442,7 +445,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
       if (!mc_prep_load(a, K, one, t, round, tk)) {
         bad = 1;
       } else {
-        mc_prep_ranks(K, L, t, tab, tk);
+        mc_prep_ranks(a, K, L, t, tab, tk);
         ok = true;
         scan = t >= begin && t < end;
         if (s->group_size > 1 && (!one || blockIdx.x == 0)) atomicAdd(&digest, mc_token_digest(K, t, tk));

@@ -174,7 +174,7 @@ extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     MC_TRANSPORT_NVSHMEM, "nvshmem", mc_gpu_present, nvshmem_probe, mc_nvshmem_comm_init, mc_nvshmem_comm_fini,
     nvshmem_a2a_create, nvshmem_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
-    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall, mc_gpu_expert_load, NULL,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall, mc_gpu_expert_load, mc_gpu_mask,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */
