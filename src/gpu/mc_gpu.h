@@ -14,7 +14,7 @@ extern "C" {
 
 /* Where a kernel failed. Lives in host-mapped pinned memory: the device
  * writes it and exits, the host reads it at the next call without a sync. */
-enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER };
+enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER, MC_PHASE_MASK };
 enum { MC_DEVERR_NONE = 0, MC_DEVERR_TIMEOUT = 1, MC_DEVERR_BAD_EXPERT = 2, MC_DEVERR_DUP_EXPERT = 3,
        MC_DEVERR_BAD_BOUND = 4, MC_DEVERR_GROUP_DIFFERS = 5 };
 

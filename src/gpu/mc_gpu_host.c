@@ -158,8 +158,9 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
 }
 
 static const char *phase_name(int p) {
-  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier"};
-  return p >= 0 && p < 5 ? n[p] : "?";
+  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier",
+                            "mc_a2a_mask_ranks"};
+  return p >= 0 && p < 6 ? n[p] : "?";
 }
 
 /* Who waits for whom after a timeout (mc_describe_wait_root): a rank's

@@ -526,7 +526,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
     }
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(&a, p) &&
-        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 1, MC_PHASE_BARRIER, p, MC_SIG_RESYNC, round))
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 1, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
@@ -548,7 +548,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
     if (!mc_masked(&a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(&a, p) &&
-        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 2, MC_PHASE_BARRIER, p, MC_SIG_RESYNC, round))
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 2, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
       return;
 }
 
