@@ -241,7 +241,7 @@ MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t
 MC_DEV uint64_t *mc_ws_round(const mc_kargs_t *a) { return (uint64_t *)(a->ws + mc_ws_round_off(&a->s)); }
 /* 1 where rank p is masked (mc_a2a_mask_ranks); no read where none is */
 MC_DEV bool mc_masked(const mc_kargs_t *a, int p) {
-  return a->any_masked && a->ws[mc_ws_mask_off(&a->s) + (uint64_t)p];
+  return a->mask && a->mask[p];
 }
 /* a uint64 among the workspace scalars (MC_WS_DIGEST, MC_WS_DRECV_ROUND and those after it) */
 MC_DEV uint64_t *mc_ws_scalar64(const mc_kargs_t *a, int i) {

@@ -185,7 +185,7 @@ static mc_result_t mc_gpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
   mc_kargs_t ka;
   mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
   if (rc != MC_SUCCESS) return rc;
-  ka.any_masked = 1;
+  ka.mask = g->ws + mc_ws_mask_off(&a2a->shape);
   ka.timeout_ns *= 2;
   const int threads = W < MC_THREADS ? (W + 31) / 32 * 32 : MC_THREADS;
   mc_k_mask<<<1, threads>>>(ka);
