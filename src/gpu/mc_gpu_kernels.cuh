@@ -200,7 +200,7 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
-MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
+MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const int quant) {
   const mc_shape_t *s = &a.s;
   mc_pdl_launch_dependents();
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -217,7 +217,7 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
   /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
-    if (mc_masked(&a, d)) continue;
+    if (mc_masked(masking, &a, d)) continue;
     unsigned char *peer = mc_t_peer_window(&a, d);
     if (peer) {
       mc_warp_copy16(peer + mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s), lane);
@@ -233,8 +233,15 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
 }
 /* Quantising or not, each its own kernel: the quantisation is thousands of
  * instructions, and a kernel's code costs its every launch. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0); }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 1); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 0); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 1); }
+/* where ranks are masked (the only dispatch-send then: chunked) */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_masked(mc_kargs_t a) {
+  mc_dispatch_send_body(a, 1, 0);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q_masked(mc_kargs_t a) {
+  mc_dispatch_send_body(a, 1, 1);
+}
 
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
  * payload pieces) ----
@@ -245,7 +252,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kar
  * into every slot of this rank's experts; the warp of the first piece
  * writes the record's route entry for combine. The last block to finish
  * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
@@ -258,7 +265,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   if (tid == 0) abort_ = 0;
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
-    if (!mc_masked(&a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
+    if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   /* the ranks of a group passed the same m, indices and weights: their
@@ -284,7 +291,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
    * memory latency each), then the scans over sources in shared memory */
   for (int i = tid; i < W * (L + 1); i += blockDim.x) {
     const int src = i / (L + 1), w = i % (L + 1);
-    const uint32_t v = mc_masked(&a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
+    const uint32_t v = mc_masked(masking, &a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
     if (w) base[src * L + w - 1] = v;
     else prefix[src + 1] = v;
   }
@@ -400,7 +407,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
  * sender to finish only at its end, so that later work on the stream
  * comes after both. A refused call is over for it too: its call count
  * moves on, its round count does not. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
   const uint64_t round = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1;
   const uint64_t call = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1;
   __shared__ uint64_t outcome;
@@ -412,7 +419,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
   }
   __syncthreads();
   if (outcome == 2 * call) {
-    mc_dispatch_recv_body(a, round);
+    mc_dispatch_recv_body(a, masking, round);
   } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
     __threadfence();
@@ -422,6 +429,10 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
     }
   }
   mc_pdl_wait();
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) { mc_dispatch_recv_kernel(a, 0); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_masked(mc_kargs_t a) {
+  mc_dispatch_recv_kernel(a, 1);
 }
 
 /* A refused call whose dispatch-recv never ran (the caller learnt of the
@@ -440,7 +451,7 @@ static __global__ void mc_k_drecv_skip(mc_kargs_t a) {
 MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const int quant) {
   const mc_shape_t *s = &a.s;
   const uint64_t round = *mc_ws_round(&a) + 1;
-  const int m_eff = mc_dispatch_prep_body(a, K, MC_PREP_ONE, round);
+  const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round); /* no rank masked: mc_gpu_launch.cuh */
   /* dispatch-recv may start once every block is here, not before: started
    * with this kernel, its blocks waited through the prep, and some rounds
    * took 100-600 us more (p99 at 128 tokens, EP2; docs/performance.md) */
@@ -519,20 +530,20 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   }
   __syncthreads();
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(&a, p)) {
+    if (!mc_masked(1, &a, p)) {
       calls[p]++;
       mc_signal_set(a, p, MC_SIG_RESYNC_ROUND, round); /* release order: seen before the step */
       mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
     }
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(&a, p) &&
+    if (!mc_masked(1, &a, p) &&
         mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 1, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
   /* nobody kept sends any more: take in what the broken round left */
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(&a, p)) {
+    if (!mc_masked(1, &a, p)) {
       atomicMax(&round, (unsigned long long)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC_ROUND, p)));
       seen[MC_SIG_DISP_RECS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, p));
       seen[MC_SIG_COMB_ROWS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, p));
@@ -545,9 +556,9 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
     mc_ws_u32(&a, mc_ws_scalars_off(s))[MC_WS_BAD] = 0;
   }
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(&a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
+    if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(&a, p) &&
+    if (!mc_masked(1, &a, p) &&
         mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 2, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
       return;
 }
@@ -559,9 +570,9 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) 
   __syncthreads(); /* every thread has read the count before it moves on */
   if (threadIdx.x == 0) sc[MC_WS_BARRIERS] = (uint32_t)n;
   for (int p = threadIdx.x; p < s->world_size; p += blockDim.x)
-    if (!mc_masked(&a, p)) mc_signal_set(a, p, MC_SIG_BARRIER, n);
+    if (!(a.mask && a.mask[p])) mc_signal_set(a, p, MC_SIG_BARRIER, n);
   for (int p = threadIdx.x; p < s->world_size; p += blockDim.x)
-    if (!mc_masked(&a, p) &&
+    if (!(a.mask && a.mask[p]) &&
         mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n))
       return;
 }

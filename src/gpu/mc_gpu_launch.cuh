@@ -33,7 +33,10 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                                     (const void *)mc_k_dispatch_send_one_qn, (const void *)mc_k_dispatch_send_q,
                                     (const void *)mc_k_dispatch_recv,
                                     (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
-                                    (const void *)mc_k_barrier};
+                                    (const void *)mc_k_dispatch_prep_masked, (const void *)mc_k_dispatch_send_masked,
+                                    (const void *)mc_k_dispatch_send_q_masked, (const void *)mc_k_dispatch_recv_masked,
+                                    (const void *)mc_k_combine_send_masked, (const void *)mc_k_combine_recv_masked,
+                                    (const void *)mc_k_barrier, (const void *)mc_k_mask};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
@@ -43,8 +46,12 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   int dev = 0, optin = 48 << 10;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (mc_prep_smem_bytes(s) > (48u << 10))
+  if (mc_prep_smem_bytes(s) > (48u << 10)) {
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(mc_k_dispatch_prep_masked, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)mc_prep_smem_bytes(s));
+  }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
   g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
   const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
@@ -116,29 +123,42 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
   cudaError_t e = cudaSuccess;
   void *args[] = {&ka};
+  /* with a rank masked, kernels compiled to skip it (mc_masked, mc_dev.cuh);
+   * the others hold no trace of the mask. Dispatch-send is then chunked. */
+  const int masked = ka.mask != NULL;
   switch (half) {
   case MC_PHASE_DSEND:
     if (g->recv_owed) {
       mc_k_drecv_skip<<<1, 1, 0, st>>>(ka);
       g->recv_owed = 0;
     }
-    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
+    if (g->one && !masked && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
       e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m)), dim3(MC_THREADS), args,
                            mc_one_smem_bytes(s), st);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
-      mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+      if (masked) mc_k_dispatch_prep_masked<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+      else mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
       if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
       if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-      if (e == cudaSuccess)
-        e = cudaLaunchKernel(g->send_chunked, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
+      const void *send = !masked ? g->send_chunked
+                         : ka.quant ? (const void *)mc_k_dispatch_send_q_masked
+                                    : (const void *)mc_k_dispatch_send_masked;
+      e = cudaLaunchKernel(send, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
     }
     break;
   case MC_PHASE_DRECV:
-    e = launch_recv(g, (const void *)mc_k_dispatch_recv, g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
+    e = launch_recv(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv, g->grid,
+                    MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
     break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka); break;
-  case MC_PHASE_CRECV: e = launch_recv(g, (const void *)mc_k_combine_recv, g->grid, MC_THREADS, 0, st, &ka); break;
+  case MC_PHASE_CSEND:
+    if (masked) mc_k_combine_send_masked<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+    else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+    break;
+  case MC_PHASE_CRECV:
+    e = launch_recv(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv, g->grid,
+                    MC_THREADS, 0, st, &ka);
+    break;
   }
   if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
