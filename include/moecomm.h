@@ -409,8 +409,8 @@ MC_API mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int re
  * the handle working. An all-zero mask clears it: a rank that was masked
  * while alive takes part again once it calls too. A masked rank's process,
  * if it still runs, must not use the handle until it is unmasked.
- * Groups of one rank only (config group_size 1); the cpu transport for
- * now (the GPU transports return MC_ERR_UNSUPPORTED). Not for the hot path. */
+ * Groups of one rank only (config group_size 1). Every transport; on a GPU
+ * it synchronises the device first. Not for the hot path. */
 MC_API mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask);
 /* The mask in force: mask[r] = 1 where rank r is left out (world_size bytes). */
 MC_API mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask);

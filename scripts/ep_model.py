@@ -75,8 +75,8 @@ MEASURED = [
 BYTE_TOLERANCE = 0.005
 # `mc-bench --sizes` (-t 128, then -t 1), same build and date: window + workspace per rank, EP1..EP256.
 MEASURED_SIZES = {
-    128: [5651544, 10296088, 19586712, 38168760, 75333240, 149662392, 298320792, 595639688, 1190269320],
-    1: [80040, 115464, 187864, 333480, 625096, 1208520, 2375464, 4711448, 9375256],
+    128: [5651576, 10296120, 19586760, 38168840, 75333384, 149662680, 298321368, 595640840, 1190271624],
+    1: [80072, 115496, 187912, 333560, 625240, 1208808, 2376040, 4712600, 9377560],
 }
 
 
@@ -121,7 +121,7 @@ def workspace_bytes(s, world, tokens):
     o += align16(20 * 4) + 4 * 8 + 8  # scalars, stats, round
     o += align16(world * src_cap * 4)  # rowdone
     o += align16(-(-tokens // 32) * (E + 2 * world) * 4)  # pcount
-    return o + align16(L * 8)  # expert load
+    return o + align16(L * 8) + align16(world) + align16(world * 8)  # expert load, mask, masks set together
 
 
 # ---- routing ----

@@ -58,6 +58,10 @@ extern uint64_t mc_test_seed;
 /* A stalled rank (world / 2) makes the other world - 1 time out (test_failures.c;
  * the GPU tests use it too). */
 int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms, int world);
+/* test_mask.c: ranks as processes, rank `dead` killed in a round drawn from
+ * the seed (in_combine: between its dispatch and its combine); the others
+ * mask it and run `rounds` checked rounds. Shared with the GPU tests. */
+int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed);
 
 /* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
 static inline uint64_t mc_test_rand(uint64_t *state) {

@@ -461,6 +461,22 @@ int test_gpu_stall(void) {
   return mc_test_check_stall(gpu_transport(), 1, 500, cap_world(4)); /* a killed process; timeouts found on the device */
 }
 
+/* A rank killed, the others mask it and go on (mc_a2a_mask_ranks): a
+ * thousand checked rounds after, as on the cpu transport (test_mask.c),
+ * the rank dying before its dispatch and between dispatch and combine. */
+int test_gpu_mask_dead_rank(void) {
+  REQUIRE_GPU();
+  const int world = cap_world(4);
+  if (world < 2) {
+    printf("skipped: needs 2 ranks\n");
+    return MC_TEST_SKIP;
+  }
+  for (int in_combine = 0; in_combine < 2; in_combine++)
+    MC_CHECK(mc_test_run_masked(gpu_transport(), world, (int)((mc_test_seed + (uint64_t)in_combine) % (uint64_t)world),
+                                in_combine, in_combine ? 200 : 1000, mc_test_seed + (uint64_t)in_combine) == 0);
+  return 0;
+}
+
 int test_gpu_graph(void) {
   REQUIRE_GPU();
   mc_case_t c;

@@ -12,7 +12,7 @@
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
-static int run_masked(int world, int dead, int in_combine, int rounds, uint64_t seed) {
+int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed) {
   const int stall_round = 1 + (int)(seed % 4); /* 0-based: it breaks round stall_round + 1 */
   mc_case_t c;
   mc_ref_random_case(seed, &c);
@@ -26,6 +26,7 @@ static int run_masked(int world, int dead, int in_combine, int rounds, uint64_t 
   o.rounds = rounds;
   o.timeout_ms = 1000; /* on a loaded machine the survivors' own timeouts end far apart */
   o.processes = 1;
+  o.transport = transport;
   o.stall_rank = dead;
   o.stall_round = stall_round;
   o.mask_stalled = 1;
@@ -48,7 +49,8 @@ int test_mask_dead_rank(void) {
   const int world[] = {2, 4, 5, 3, 4, 6};
   for (int i = 0; i < 6; i++) {
     const int dead = (int)((mc_test_seed + (uint64_t)i) % (uint64_t)world[i]);
-    MC_CHECK(run_masked(world[i], dead, i >= 3, i == 1 ? 1000 : 200, mc_test_seed + (uint64_t)i) == 0);
+    MC_CHECK(mc_test_run_masked(MC_TRANSPORT_CPU, world[i], dead, i >= 3, i == 1 ? 1000 : 200,
+                                mc_test_seed + (uint64_t)i) == 0);
   }
   return 0;
 }

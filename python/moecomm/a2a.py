@@ -141,8 +141,7 @@ class AllToAll:
         experts drop out of each token's sum). Every rank the mask keeps
         calls it with the same mask, at a round's end or after a failed call
         (a timeout that named a dead rank); it waits for them and leaves the
-        handle working. An all-false mask clears it. Groups of one rank; the
-        cpu transport for now."""
+        handle working. An all-false mask clears it. Groups of one rank."""
         m = np.ascontiguousarray(np.asarray(mask, dtype=bool).astype(np.uint8))
         if m.shape != (self.comm.world_size,):
             raise invalid(f"mask: {self.comm.world_size} values (one per rank), got shape {tuple(m.shape)}")

@@ -309,8 +309,16 @@ MC_HD uint64_t mc_ws_load_off(const mc_shape_t *s) {
   return mc_ws_pcount_off(s) +
          mc_align_up(chunks * ((uint64_t)s->num_experts + 2u * s->world_size) * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+/* uint8[W]: the ranks masked (mc_a2a_mask_ranks; the GPU transports' copy) */
+MC_HD uint64_t mc_ws_mask_off(const mc_shape_t *s) {
   return mc_ws_load_off(s) + mc_align_up((uint64_t)mc_num_local_experts(s) * sizeof(uint64_t), MC_ALIGN);
+}
+/* uint64[W]: masks set together with each rank (the GPU transports' count) */
+MC_HD uint64_t mc_ws_mask_calls_off(const mc_shape_t *s) {
+  return mc_ws_mask_off(s) + mc_align_up((uint64_t)s->world_size, MC_ALIGN);
+}
+MC_HD uint64_t mc_workspace_bytes(const mc_shape_t *s) {
+  return mc_ws_mask_calls_off(s) + mc_align_up((uint64_t)s->world_size * sizeof(uint64_t), MC_ALIGN);
 }
 
 #endif /* MC_LAYOUT_H */

@@ -239,6 +239,11 @@ MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) 
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }
 MC_DEV uint64_t *mc_ws_round(const mc_kargs_t *a) { return (uint64_t *)(a->ws + mc_ws_round_off(&a->s)); }
+/* 1 where rank p is masked (mc_a2a_mask_ranks). masking is a constant of
+ * the kernel: the kernels of the hot path are compiled with 0 and hold no
+ * trace of the mask; once a rank is masked the launcher picks the ones
+ * compiled with 1 (mc_gpu_launch.cuh) */
+MC_DEV bool mc_masked(const int masking, const mc_kargs_t *a, int p) { return masking && a->mask[p]; }
 /* a uint64 among the workspace scalars (MC_WS_DIGEST, MC_WS_DRECV_ROUND and those after it) */
 MC_DEV uint64_t *mc_ws_scalar64(const mc_kargs_t *a, int i) {
   return (uint64_t *)(mc_ws_u32(a, mc_ws_scalars_off(&a->s)) + i);

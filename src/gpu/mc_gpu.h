@@ -14,7 +14,7 @@ extern "C" {
 
 /* Where a kernel failed. Lives in host-mapped pinned memory: the device
  * writes it and exits, the host reads it at the next call without a sync. */
-enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER };
+enum { MC_PHASE_DSEND = 0, MC_PHASE_DRECV, MC_PHASE_CSEND, MC_PHASE_CRECV, MC_PHASE_BARRIER, MC_PHASE_MASK };
 enum { MC_DEVERR_NONE = 0, MC_DEVERR_TIMEOUT = 1, MC_DEVERR_BAD_EXPERT = 2, MC_DEVERR_DUP_EXPERT = 3,
        MC_DEVERR_BAD_BOUND = 4, MC_DEVERR_GROUP_DIFFERS = 5 };
 
@@ -56,6 +56,9 @@ typedef struct mc_kargs {
   int quant;       /* 0: tokens are the payload; 1, 2: bf16 rows quantised to e4m3 with fp32 (1)
                       or UE8M0 (2) scales on the way (mc_gpu_quant.cuh) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
+  /* where some rank is masked: the mask in the workspace (mc_ws_mask_off), else NULL; read only by
+   * the kernels made for masked ranks (mc_masked). Last, so that no other field moves for it */
+  const uint8_t *mask;
 } mc_kargs_t;
 
 /* The diagnostic trace: MC_TRACE_SLOTS stamps per kernel, see mc_trace_*. */

@@ -29,7 +29,7 @@ MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
  * put-with-signal per staged member. Each lane keeps four 8-element loads
  * in flight per expert. (Measured: a warp per whole row starves the SMs of
  * warps, a signal per segment costs a system-scope release each.) */
-MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
+MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const int dt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
@@ -40,11 +40,8 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
   __syncthreads();
   if (blockIdx.x == 0)
-    for (int p = threadIdx.x; p < W; p += blockDim.x) {
-      unsigned char *peer = mc_t_peer_window(&a, p);
-      if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_COMB_BAR, a.rank)), round);
-      else mc_t_signal(&a, MC_SIG_COMB_BAR, round, MC_SIG_SET, p);
-    }
+    for (int p = threadIdx.x; p < W; p += blockDim.x)
+      if (!mc_masked(masking, &a, p)) mc_signal_set(a, p, MC_SIG_COMB_BAR, round);
   const uint64_t row_bytes = mc_row_bytes(s);
   const int segs = mc_row_segs(s);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
@@ -107,14 +104,21 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int dt) {
 /* One inlined copy of the body per wire dtype: with the dtype a constant,
  * each copy holds only its own loads and conversions in registers (one
  * generic body needed 225 registers per thread, one block per SM). */
-static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
+MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking) {
   mc_pdl_launch_dependents();
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
   switch (a.in_dtype) {
-  case MC_DTYPE_BF16: mc_combine_send_body(a, MC_DTYPE_BF16); break;
-  case MC_DTYPE_FP16: mc_combine_send_body(a, MC_DTYPE_FP16); break;
-  default: mc_combine_send_body(a, MC_DTYPE_FP32); break;
+  case MC_DTYPE_BF16: mc_combine_send_body(a, masking, MC_DTYPE_BF16); break;
+  case MC_DTYPE_FP16: mc_combine_send_body(a, masking, MC_DTYPE_FP16); break;
+  default: mc_combine_send_body(a, masking, MC_DTYPE_FP32); break;
   }
+}
+static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
+  mc_combine_send_kernel(a, 0);
+}
+/* where ranks are masked (mc_gpu_launch.cuh) */
+static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send_masked(mc_kargs_t a) {
+  mc_combine_send_kernel(a, 1);
 }
 
 /* ---- combine-recv (whole grid) ----
@@ -122,7 +126,7 @@ static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(
  * in fp32, round once; then wait for every rank's barrier signal of this
  * round (nobody may start the next dispatch-send while a peer still reads
  * this round's dispatch buffers). */
-MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int odt) {
+MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const int dt, const int odt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
@@ -158,7 +162,8 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
   }
   mc_trace_point(&a, MC_TK_CRECV, 1);
   for (int p = tid; p < W; p += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
+    if (!mc_masked(masking, &a, p) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
       abort_ = 1;
   __syncthreads();
   if (abort_) return;
@@ -193,8 +198,17 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int dt, const int od
  * sums rows while the sender still runs; the wait keeps later work on the
  * stream after both. 16.3-16.5 against 17.5-17.6 us at 1 token, 23.2-23.3
  * against 24.7-25.1 at 128 (EP2, two H200s, whole: docs/performance.md). */
+MC_DEV void mc_combine_recv_plain(const mc_kargs_t &a, const int dt, const int odt) { mc_combine_recv_body(a, 0, dt, odt); }
+MC_DEV void mc_combine_recv_masked(const mc_kargs_t &a, const int dt, const int odt) {
+  mc_combine_recv_body(a, 1, dt, odt);
+}
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
-  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_body, a);
+  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_plain, a);
+  mc_pdl_wait();
+}
+/* where ranks are masked (mc_gpu_launch.cuh) */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv_masked(mc_kargs_t a) {
+  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_masked, a);
   mc_pdl_wait();
 }
 

@@ -158,8 +158,9 @@ mc_result_t mc_gpu_decide_scope(mc_a2a_t *a2a) {
 }
 
 static const char *phase_name(int p) {
-  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier"};
-  return p >= 0 && p < 5 ? n[p] : "?";
+  static const char *n[] = {"dispatch send", "dispatch recv", "combine send", "combine recv", "mc_a2a_barrier",
+                            "mc_a2a_mask_ranks"};
+  return p >= 0 && p < 6 ? n[p] : "?";
 }
 
 /* Who waits for whom after a timeout (mc_describe_wait_root): a rank's
@@ -270,6 +271,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
    * docs/performance.md) */
   ka->recv_pieces = g->alone ? 1 : mc_token_segs(&a2a->shape);
   ka->quant = a2a->cfg.dispatch_input != MC_INPUT_BF16_TO_E4M3 ? 0 : a2a->cfg.scale_format == MC_SCALE_UE8M0 ? 2 : 1;
+  ka->mask = g->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
   ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;

@@ -118,6 +118,14 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
  * through bar.sync, and release is cumulative. (A fence.sc before the
  * release orders nothing more and costs its own wait: with one, most of
  * the dispatch kernel's sampled stalls were in it, docs/performance.md.) */
+/* One thread: SET peer p's signal (slot, from this rank) to v, by a store
+ * where its window is mapped, else by the transport's put. */
+MC_DEV void mc_signal_set(const mc_kargs_t &a, int p, int slot, uint64_t v) {
+  unsigned char *peer = mc_t_peer_window(&a, p);
+  if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(&a.s, slot, a.rank)), v);
+  else mc_t_signal(&a, slot, v, MC_SIG_SET, p);
+}
+
 MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
   __syncthreads();
   for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x)
@@ -192,7 +200,7 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
-MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
+MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const int quant) {
   const mc_shape_t *s = &a.s;
   mc_pdl_launch_dependents();
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -209,6 +217,7 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
   /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
+    if (mc_masked(masking, &a, d)) continue;
     unsigned char *peer = mc_t_peer_window(&a, d);
     if (peer) {
       mc_warp_copy16(peer + mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s), lane);
@@ -224,8 +233,15 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int quant) {
 }
 /* Quantising or not, each its own kernel: the quantisation is thousands of
  * instructions, and a kernel's code costs its every launch. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0); }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 1); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 0); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 1); }
+/* where ranks are masked (the only dispatch-send then: chunked) */
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_masked(mc_kargs_t a) {
+  mc_dispatch_send_body(a, 1, 0);
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q_masked(mc_kargs_t a) {
+  mc_dispatch_send_body(a, 1, 1);
+}
 
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
  * payload pieces) ----
@@ -236,7 +252,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kar
  * into every slot of this rank's experts; the warp of the first piece
  * writes the record's route entry for combine. The last block to finish
  * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
@@ -249,7 +265,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
   if (tid == 0) abort_ = 0;
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
-    if (mc_wait_meta(a, src, round)) abort_ = 1;
+    if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   /* the ranks of a group passed the same m, indices and weights: their
@@ -275,7 +291,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
    * memory latency each), then the scans over sources in shared memory */
   for (int i = tid; i < W * (L + 1); i += blockDim.x) {
     const int src = i / (L + 1), w = i % (L + 1);
-    const uint32_t v = ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
+    const uint32_t v = mc_masked(masking, &a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
     if (w) base[src * L + w - 1] = v;
     else prefix[src + 1] = v;
   }
@@ -391,7 +407,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const uint64_t round) {
  * sender to finish only at its end, so that later work on the stream
  * comes after both. A refused call is over for it too: its call count
  * moves on, its round count does not. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) {
+MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
   const uint64_t round = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1;
   const uint64_t call = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1;
   __shared__ uint64_t outcome;
@@ -403,7 +419,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
   }
   __syncthreads();
   if (outcome == 2 * call) {
-    mc_dispatch_recv_body(a, round);
+    mc_dispatch_recv_body(a, masking, round);
   } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
     __threadfence();
@@ -413,6 +429,10 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs
     }
   }
   mc_pdl_wait();
+}
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) { mc_dispatch_recv_kernel(a, 0); }
+static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_masked(mc_kargs_t a) {
+  mc_dispatch_recv_kernel(a, 1);
 }
 
 /* A refused call whose dispatch-recv never ran (the caller learnt of the
@@ -431,7 +451,7 @@ static __global__ void mc_k_drecv_skip(mc_kargs_t a) {
 MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const int quant) {
   const mc_shape_t *s = &a.s;
   const uint64_t round = *mc_ws_round(&a) + 1;
-  const int m_eff = mc_dispatch_prep_body(a, K, MC_PREP_ONE, round);
+  const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round); /* no rank masked: mc_gpu_launch.cuh */
   /* dispatch-recv may start once every block is here, not before: started
    * with this kernel, its blocks waited through the prep, and some rounds
    * took 100-600 us more (p99 at 128 tokens, EP2; docs/performance.md) */
@@ -494,19 +514,67 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
  * peer's slot, then waits for every peer's. Counts only grow, so a SET of
  * call n+1 cannot be confused with call n's. ---- */
+/* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
+ * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
+ * round has ended; the new mask is in the workspace already. ---- */
+static __global__ void mc_k_mask(mc_kargs_t a) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, tid = threadIdx.x;
+  uint64_t *calls = (uint64_t *)(a.ws + mc_ws_mask_calls_off(s)), *seen = (uint64_t *)(a.ws + mc_ws_seen_off(s));
+  uint64_t *drecv_round = mc_ws_scalar64(&a, MC_WS_DRECV_ROUND);
+  __shared__ unsigned long long round;
+  __shared__ int abort_;
+  if (tid == 0) {
+    round = max(*mc_ws_round(&a), *drecv_round); /* dispatch-recv's may lag dispatch-send's in a broken round */
+    abort_ = 0;
+  }
+  __syncthreads();
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p)) {
+      calls[p]++;
+      mc_signal_set(a, p, MC_SIG_RESYNC_ROUND, round); /* release order: seen before the step */
+      mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
+    }
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 1, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
+      abort_ = 1;
+  __syncthreads();
+  if (abort_) return;
+  /* nobody kept sends any more: take in what the broken round left */
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p)) {
+      atomicMax(&round, (unsigned long long)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC_ROUND, p)));
+      seen[MC_SIG_DISP_RECS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, p));
+      seen[MC_SIG_COMB_ROWS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, p));
+    }
+  __syncthreads();
+  if (tid == 0) {
+    *mc_ws_round(&a) = round;
+    *drecv_round = round;
+    *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
+    mc_ws_u32(&a, mc_ws_scalars_off(s))[MC_WS_BAD] = 0;
+  }
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 2, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
+      return;
+}
+
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const uint64_t n = (uint64_t)sc[MC_WS_BARRIERS] + 1;
   __syncthreads(); /* every thread has read the count before it moves on */
   if (threadIdx.x == 0) sc[MC_WS_BARRIERS] = (uint32_t)n;
-  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x) {
-    unsigned char *peer = mc_t_peer_window(&a, p);
-    if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_BARRIER, a.rank)), n);
-    else mc_t_signal(&a, MC_SIG_BARRIER, n, MC_SIG_SET, p);
-  }
   for (int p = threadIdx.x; p < s->world_size; p += blockDim.x)
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n)) return;
+    if (!(a.mask && a.mask[p])) mc_signal_set(a, p, MC_SIG_BARRIER, n);
+  for (int p = threadIdx.x; p < s->world_size; p += blockDim.x)
+    if (!(a.mask && a.mask[p]) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_BARRIER, p), n, MC_PHASE_BARRIER, p, MC_SIG_BARRIER, n))
+      return;
 }
 
 

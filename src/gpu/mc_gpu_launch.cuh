@@ -33,7 +33,10 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                                     (const void *)mc_k_dispatch_send_one_qn, (const void *)mc_k_dispatch_send_q,
                                     (const void *)mc_k_dispatch_recv,
                                     (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
-                                    (const void *)mc_k_barrier};
+                                    (const void *)mc_k_dispatch_prep_masked, (const void *)mc_k_dispatch_send_masked,
+                                    (const void *)mc_k_dispatch_send_q_masked, (const void *)mc_k_dispatch_recv_masked,
+                                    (const void *)mc_k_combine_send_masked, (const void *)mc_k_combine_recv_masked,
+                                    (const void *)mc_k_barrier, (const void *)mc_k_mask};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
@@ -43,8 +46,12 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   int dev = 0, optin = 48 << 10;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (mc_prep_smem_bytes(s) > (48u << 10))
+  if (mc_prep_smem_bytes(s) > (48u << 10)) {
     e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(mc_k_dispatch_prep_masked, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)mc_prep_smem_bytes(s));
+  }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
   g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
   const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
@@ -116,29 +123,42 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
   cudaError_t e = cudaSuccess;
   void *args[] = {&ka};
+  /* with a rank masked, kernels compiled to skip it (mc_masked, mc_dev.cuh);
+   * the others hold no trace of the mask. Dispatch-send is then chunked. */
+  const int masked = ka.mask != NULL;
   switch (half) {
   case MC_PHASE_DSEND:
     if (g->recv_owed) {
       mc_k_drecv_skip<<<1, 1, 0, st>>>(ka);
       g->recv_owed = 0;
     }
-    if (g->one && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
+    if (g->one && !masked && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
       e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m)), dim3(MC_THREADS), args,
                            mc_one_smem_bytes(s), st);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
-      mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+      if (masked) mc_k_dispatch_prep_masked<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+      else mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
       if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
       if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-      if (e == cudaSuccess)
-        e = cudaLaunchKernel(g->send_chunked, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
+      const void *send = !masked ? g->send_chunked
+                         : ka.quant ? (const void *)mc_k_dispatch_send_q_masked
+                                    : (const void *)mc_k_dispatch_send_masked;
+      e = cudaLaunchKernel(send, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
     }
     break;
   case MC_PHASE_DRECV:
-    e = launch_recv(g, (const void *)mc_k_dispatch_recv, g->grid, MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
+    e = launch_recv(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv, g->grid,
+                    MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
     break;
-  case MC_PHASE_CSEND: mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka); break;
-  case MC_PHASE_CRECV: e = launch_recv(g, (const void *)mc_k_combine_recv, g->grid, MC_THREADS, 0, st, &ka); break;
+  case MC_PHASE_CSEND:
+    if (masked) mc_k_combine_send_masked<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+    else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+    break;
+  case MC_PHASE_CRECV:
+    e = launch_recv(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv, g->grid,
+                    MC_THREADS, 0, st, &ka);
+    break;
   }
   if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
@@ -164,6 +184,39 @@ static mc_result_t mc_gpu_barrier(mc_a2a_t *a2a, void *stream) {
   mc_k_barrier<<<1, threads, 0, (cudaStream_t)stream>>>(ka);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "barrier kernel launch");
+}
+
+/* mc_a2a_mask_ranks on a GPU: every kernel of the broken round has ended
+ * (each waits at most the timeout; a device-wide synchronisation, as this
+ * is no hot path), its failure is over, the mask goes into the workspace,
+ * and one block agrees with the kept ranks (mc_k_mask), waiting up to twice
+ * the timeout: they come after their own failed calls. */
+static mc_result_t mc_gpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
+  mc_gpu_t *g = gpu(a2a);
+  const int W = a2a->shape.world_size;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: waiting for the broken round's kernels");
+  volatile mc_dev_error_t *err = g->err_h;
+  err->code = 0;
+  __sync_synchronize();
+  err->claimed = 0;
+  e = cudaMemcpy(g->ws + mc_ws_mask_off(&a2a->shape), mask, (size_t)W, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: copying the mask");
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
+  if (rc != MC_SUCCESS) return rc;
+  ka.mask = g->ws + mc_ws_mask_off(&a2a->shape);
+  ka.timeout_ns *= 2;
+  const int threads = W < MC_THREADS ? (W + 31) / 32 * 32 : MC_THREADS;
+  mc_k_mask<<<1, threads>>>(ka);
+  if ((e = cudaGetLastError()) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess)
+    return cuda_fail(a2a, e, "mc_a2a_mask_ranks: the agreement kernel");
+  if ((rc = mc_gpu_check(a2a)) != MC_SUCCESS) return rc;
+  int any = 0;
+  for (int r = 0; r < W; r++) any |= mask[r];
+  g->any_masked = any;
+  g->recv_owed = 0;
+  return MC_SUCCESS;
 }
 
 #endif

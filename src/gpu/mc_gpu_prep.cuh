@@ -235,11 +235,12 @@ MC_DEV uint64_t mc_m_digest(int m_eff) { return mc_mix64(0x6d2d656666ull ^ (uint
 
 /* A valid token's destination ranks (rk, first, jpos), stored ascending
  * into the route table. */
-MC_DEV void mc_prep_ranks(const int K, const int L, const int t, const mc_route_tab_t &tab, mc_prep_tok_t &tk) {
+MC_DEV void mc_prep_ranks(const mc_kargs_t &a, const int masking, const int K, const int L, const int t,
+                          const mc_route_tab_t &tab, mc_prep_tok_t &tk) {
 #pragma unroll
   for (int k = 0; k < MC_MAX_TOPK; k++) {
     tk.rk[k] = k < K ? tk.idx[k] / L : 0;
-    bool f = k < K;
+    bool f = k < K && !mc_masked(masking, &a, tk.rk[k]); /* a masked rank's experts drop out */
 #pragma unroll
     for (int j = 0; j < k; j++) f = f && tk.rk[j] != tk.rk[k];
     tk.first |= (uint32_t)f << k;
@@ -361,7 +362,7 @@ MC_DEV void mc_prep_refuse(const mc_kargs_t &a, const bool one) {
 
 /* The accepted round, from one block: the state later kernels read, the
  * metas (into staging, or one launch: into the peers' windows, signalled). */
-MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, const uint32_t *count,
+MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, const bool one, const uint32_t *count,
                            const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round,
                            const uint64_t digest) {
   const mc_shape_t *s = &a.s;
@@ -371,6 +372,7 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
   const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
   for (int i = tid; i < W * nw; i += blockDim.x) {
     const int dst = i / nw, l = i % nw;
+    if (mc_masked(masking, &a, dst)) continue;
     uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
                          : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
     meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
@@ -382,7 +384,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
     for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
     __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
     for (int dst = tid; dst < W; dst += blockDim.x)
-      mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+      if (!mc_masked(masking, &a, dst))
+        mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
   } else if (tid == 0) {
     *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
   }
@@ -398,7 +401,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int K, const bool one, con
  * m_eff, or -1 where the round is refused (bad input: nothing sent; the
  * failure is recorded and MC_WS_BAD set) or this block has nothing more
  * to do (chunked, not the last block). round: the round being prepared. */
-MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mode, const uint64_t round) {
+MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const int K, const int mode,
+                                 const uint64_t round) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
@@ -442,7 +446,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
       if (!mc_prep_load(a, K, one, t, round, tk)) {
         bad = 1;
       } else {
-        mc_prep_ranks(K, L, t, tab, tk);
+        mc_prep_ranks(a, masking, K, L, t, tab, tk);
         ok = true;
         scan = t >= begin && t < end;
         if (s->group_size > 1 && (!one || blockIdx.x == 0)) atomicAdd(&digest, mc_token_digest(K, t, tk));
@@ -459,7 +463,8 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
     return -1;
   }
   if (!one || blockIdx.x == 0)
-    mc_prep_finish(a, K, one, count, rexp, m_eff, tab, round, s->group_size > 1 ? digest + mc_m_digest(m_eff) : 0);
+    mc_prep_finish(a, masking, K, one, count, rexp, m_eff, tab, round,
+                   s->group_size > 1 ? digest + mc_m_digest(m_eff) : 0);
   mc_trace_end(&a, MC_TK_PREP);
   return m_eff;
 }
@@ -467,16 +472,20 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int K, const int mod
 /* The chunked prep kernel: one inlined copy per common top-k (with K a
  * constant the per-k loops shrink to K: K x K compares instead of 16 x 16).
  * The one-launch kernel has a kernel per top-k instead (mc_gpu_kernels.cuh). */
-MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int mode, const uint64_t round) {
+MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int masking, const int mode, const uint64_t round) {
   switch (a.s.topk) {
-  case 8: return mc_dispatch_prep_body(a, 8, mode, round);
-  case 4: return mc_dispatch_prep_body(a, 4, mode, round);
-  default: return mc_dispatch_prep_body(a, a.s.topk, mode, round);
+  case 8: return mc_dispatch_prep_body(a, masking, 8, mode, round);
+  case 4: return mc_dispatch_prep_body(a, masking, 4, mode, round);
+  default: return mc_dispatch_prep_body(a, masking, a.s.topk, mode, round);
   }
 }
 /* chunked: one block per chunk */
 static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
-  mc_dispatch_prep(a, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
+  mc_dispatch_prep(a, 0, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
+}
+/* the same where ranks are masked: the only prep that drops their experts */
+static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_masked(mc_kargs_t a) {
+  mc_dispatch_prep(a, 1, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
 }
 
 /* ---- chunked, more than one chunk: each chunk's bases (the last prep

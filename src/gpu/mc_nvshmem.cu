@@ -101,9 +101,12 @@ static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
   if (!g) return;
   cudaDeviceSynchronize();
   /* nvshmem_free is collective: every rank destroys its handle. After a
-   * timeout the peers are out of step (one may be dead) and it would never
-   * return: the window is then leaked, not freed, and the comm remembers. */
-  if (a2a->aborted) a2a->comm->peer_failed = 1;
+   * timeout the peers are out of step (one may be dead), and a masked rank
+   * may be dead: it would never return. The window is then leaked, not
+   * freed, and the comm remembers (no nvshmem_finalize either). */
+  int masked = 0;
+  for (int r = 0; r < a2a->shape.world_size; r++) masked |= a2a->masked[r];
+  if (a2a->aborted || masked) a2a->comm->peer_failed = 1;
   else if (g->win) nvshmem_free(g->win);
   mc_gpu_free(g);
   a2a->impl = NULL;
@@ -174,7 +177,7 @@ extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     MC_TRANSPORT_NVSHMEM, "nvshmem", mc_gpu_present, nvshmem_probe, mc_nvshmem_comm_init, mc_nvshmem_comm_fini,
     nvshmem_a2a_create, nvshmem_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
-    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall, mc_gpu_expert_load, NULL,
+    mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall, mc_gpu_expert_load, mc_gpu_mask,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */
