@@ -410,7 +410,8 @@ MC_API mc_result_t mc_a2a_get_expert_load(mc_a2a_t *a2a, int64_t *counts, int re
  * while alive takes part again once it calls too. A masked rank's process,
  * if it still runs, must not use the handle until it is unmasked.
  * Groups of one rank only (config group_size 1). Every transport; on a GPU
- * it synchronises the device first. Not for the hot path. */
+ * it synchronises the device first, and a CUDA graph captured before the
+ * mask changed must be captured again. Not for the hot path. */
 MC_API mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask);
 /* The mask in force: mask[r] = 1 where rank r is left out (world_size bytes). */
 MC_API mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask);
