@@ -410,6 +410,7 @@ mc_result_t mc_a2a_mask_ranks(mc_a2a_t *a2a, const uint8_t *mask) {
     return after(a2a, rc);
   }
   memcpy(a2a->masked, m, (size_t)W);
+  a2a->any_masked = any;
   free(m);
   a2a->aborted = 0;
   a2a->refused = 0;

@@ -271,7 +271,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
    * docs/performance.md) */
   ka->recv_pieces = g->alone ? 1 : mc_token_segs(&a2a->shape);
   ka->quant = a2a->cfg.dispatch_input != MC_INPUT_BF16_TO_E4M3 ? 0 : a2a->cfg.scale_format == MC_SCALE_UE8M0 ? 2 : 1;
-  ka->mask = g->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
+  ka->mask = a2a->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
   ka->trace = g->trace;
   if (d) {
     ka->tokens = d->tokens;

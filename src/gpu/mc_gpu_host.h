@@ -21,7 +21,6 @@ typedef struct mc_gpu {
   const void *send_chunked; /* the chunked path's send kernel, quantising or not */
   int pdl;                 /* receiving kernels launched early (mc_gpu_launch.cuh) */
   int recv_owed;           /* a refused round's dispatch-recv was never launched (mc_k_drecv_skip) */
-  int any_masked;          /* some rank is masked (mc_a2a_mask_ranks): the kernels read the mask */
   int staged;              /* some peer is reached only by puts: stage records first */
   int direct;              /* store into directly reachable peers (else: stage and put to all) */
   int gpu_scope;           /* signals at gpu scope: see mc_gpu_decide_scope */

@@ -212,10 +212,7 @@ static mc_result_t mc_gpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
   if ((e = cudaGetLastError()) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess)
     return cuda_fail(a2a, e, "mc_a2a_mask_ranks: the agreement kernel");
   if ((rc = mc_gpu_check(a2a)) != MC_SUCCESS) return rc;
-  int any = 0;
-  for (int r = 0; r < W; r++) any |= mask[r];
-  g->any_masked = any;
-  g->recv_owed = 0;
+  g->recv_owed = 0; /* the caller then keeps the mask (mc_a2a_t masked, any_masked) */
   return MC_SUCCESS;
 }
 

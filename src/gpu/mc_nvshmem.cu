@@ -104,9 +104,7 @@ static void nvshmem_a2a_destroy(mc_a2a_t *a2a) {
    * timeout the peers are out of step (one may be dead), and a masked rank
    * may be dead: it would never return. The window is then leaked, not
    * freed, and the comm remembers (no nvshmem_finalize either). */
-  int masked = 0;
-  for (int r = 0; r < a2a->shape.world_size; r++) masked |= a2a->masked[r];
-  if (a2a->aborted || masked) a2a->comm->peer_failed = 1;
+  if (a2a->aborted || a2a->any_masked) a2a->comm->peer_failed = 1;
   else if (g->win) nvshmem_free(g->win);
   mc_gpu_free(g);
   a2a->impl = NULL;
