@@ -137,12 +137,32 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
  * last piece also the scales), loaded once and stored into the record slot
  * of every directly reachable destination. A destination reached only by
  * puts (chunked path) gets the whole staged record from the warp of piece
- * 0, adding all its pieces at once. Headers: the one-launch prep stored
- * them already (hdr_staged 0); on the chunked path (1) the warp of piece 0
- * copies the staged header too. Blocks from b0 on take part (the one-launch
+ * 0, adding all its pieces at once. Headers: the warp of piece 0 stores
+ * them too, built from the prep's positions (one launch, hdr_staged 0:
+ * lane k the k-th target, mc_header_target) or copied from staging
+ * (chunked, 1). Blocks from b0 on take part (the one-launch
  * kernel leaves out block 0, which publishes the round's metas first: its
  * share of pieces went out last). Each block counts the pieces it stored
  * per destination in sent[] for mc_block_signal_counts. */
+/* One launch: token t's header, lane k < K holding its k-th target (id,
+ * the prep's position among this rank's records to that expert, weight)
+ * and its place among the targets in ascending id (the ids are distinct). */
+MC_DEV mc_target_t mc_header_target(const mc_kargs_t &a, const int K, const mc_route_tab_t &tab, const int t,
+                                    const int tt, int *at) {
+  const int lane = threadIdx.x & 31;
+  mc_target_t tg = {0, 0, 0.0f};
+  if (lane < K) {
+    const int64_t i = (int64_t)t * K + lane;
+    tg.expert = a.ids64 ? (int32_t)((const int64_t *)a.indices)[i] : ((const int32_t *)a.indices)[i];
+    tg.weight = a.weights ? a.weights[i] : 1.0f;
+    tg.pos = (int32_t)tab.tpos[(int64_t)tt * K + lane];
+  }
+  int n = 0;
+  for (int j = 0; j < K; j++) n += __shfl_sync(0xffffffffu, tg.expert, j) < tg.expert;
+  *at = n;
+  return tg;
+}
+
 MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int quant, const mc_route_tab_t &tab,
                                     const int begin, const int end, const int hdr_staged, const int b0, uint32_t *sent) {
   const mc_shape_t *s = &a.s;
@@ -160,6 +180,8 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
     uint32_t qsc[4]; /* quantising: the scales of the piece's blocks */
     if (quant) mc_quant_piece(a, t, j, bytes, v, qsc, lane);
     else mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
+    int at = 0; /* one launch, piece 0: this lane's target of the header */
+    const mc_target_t tg = !hdr_staged && j == 0 ? mc_header_target(a, K, tab, t, tt, &at) : mc_target_t{0, 0, 0.0f};
     const int nd = tab.ndest[t];
     /* one destination at a time: a table of destination pointers, indexed
      * by a running count, lived in local memory (a load per store) */
@@ -171,9 +193,14 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
         if (j == 0) mc_t_put_signal_warp(&a, off, rec, rec_bytes, MC_SIG_DISP_RECS, mc_record_pieces(s), MC_SIG_ADD, d);
         continue;
       }
-      if (lane == 0) atomicAdd(&sent[d], hdr_staged && j == 0 ? 2u : 1u);
+      if (lane == 0) atomicAdd(&sent[d], j == 0 ? 2u : 1u); /* piece 0 brings the header too */
       unsigned char *dst = peer + off;
       if (hdr_staged && j == 0) mc_warp_piece16_to(&dst, 1, 0, rec, (uint32_t)hdr, lane);
+      if (!hdr_staged && j == 0) {
+        mc_record_header_t *h = (mc_record_header_t *)dst;
+        if (lane < K) h->targets[at] = tg;
+        if (lane == 0) h->token = t, h->n_targets = K;
+      }
       mc_warp_piece_store(&dst, 1, poff + po, v, bytes, lane);
       if (quant)
         mc_quant_piece_scales(a, j, bytes, qsc, dst + soff, lane);

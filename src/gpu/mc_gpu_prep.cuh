@@ -49,6 +49,8 @@ static inline __host__ __device__ int mc_prep_chunk(const mc_shape_t *s) { retur
  * and for the one-launch path the tables the send step reads:
  *   sent[W]       pieces this block stored into each rank (mc_gpu_kernels.cuh)
  *   ridx[P][K]    per token of this rank's share: record index at each destination
+ *   tpos[P][K]    per token of this rank's share: its position among this rank's
+ *                 records to its k-th expert (the send step writes the header)
  *   dests[P][K]   (uint16) per token of the group: destination ranks, ascending
  *   ndest[P]      (uint16) how many
  * (P: tokens per chunk). */
@@ -59,7 +61,7 @@ static inline __host__ __device__ size_t mc_prep_words(const mc_shape_t *s) {
 static inline size_t mc_prep_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * mc_prep_words(s); }
 static inline __host__ __device__ size_t mc_one_smem_bytes(const mc_shape_t *s) {
   const size_t P = (size_t)mc_prep_chunk(s), K = (size_t)s->topk;
-  return mc_align_up(sizeof(uint32_t) * (mc_prep_words(s) + (size_t)s->world_size + P * K) +
+  return mc_align_up(sizeof(uint32_t) * (mc_prep_words(s) + (size_t)s->world_size + 2 * P * K) +
                          sizeof(uint16_t) * (P * K + P),
                      16);
 }
@@ -70,18 +72,19 @@ typedef struct mc_route_tab {
   uint16_t *dests;  /* [t][K] */
   uint16_t *ndest;  /* [t] */
   uint32_t *ridx;   /* [t - begin][K] */
+  uint32_t *tpos;   /* [t - begin][K], one launch only (chunked: the staged header holds them) */
 } mc_route_tab_t;
 
 MC_DEV mc_route_tab_t mc_tab_global(const mc_kargs_t &a) {
   return mc_route_tab_t{(uint16_t *)(a.ws + mc_ws_dests_off(&a.s)), (uint16_t *)(a.ws + mc_ws_ndests_off(&a.s)),
-                        (uint32_t *)(a.ws + mc_ws_ridx_off(&a.s))};
+                        (uint32_t *)(a.ws + mc_ws_ridx_off(&a.s)), NULL};
 }
 MC_DEV uint32_t *mc_one_sent(uint32_t *smem, const mc_shape_t *s) { return smem + mc_prep_words(s); }
 MC_DEV mc_route_tab_t mc_tab_shared(uint32_t *smem, const mc_shape_t *s) {
   const int P = mc_prep_chunk(s), K = s->topk;
-  uint32_t *ridx = mc_one_sent(smem, s) + s->world_size;
-  uint16_t *dests = (uint16_t *)(ridx + (size_t)P * K);
-  return mc_route_tab_t{dests, dests + (size_t)P * K, ridx};
+  uint32_t *ridx = mc_one_sent(smem, s) + s->world_size, *tpos = ridx + (size_t)P * K;
+  uint16_t *dests = (uint16_t *)(tpos + (size_t)P * K);
+  return mc_route_tab_t{dests, dests + (size_t)P * K, ridx, tpos};
 }
 
 /* Chunked: each block stores its chunk's counts (one row of pcount:
@@ -304,40 +307,38 @@ MC_DEV void mc_prep_place(const int K, const int E, const int C, const int NW, c
 }
 
 /* A token of this rank's share, placed: its record index at each
- * destination, and its header (targets in ascending expert id: the ids are
- * distinct). One launch: the header goes straight into the record slot at
- * each destination (all reachable), from the block t % gridDim.x; chunked:
- * into staging (the send kernel copies or puts the record). No header is
- * stored where the round is refused (*refused, shared). */
+ * destination, and where its header goes. One launch: its position among
+ * this rank's records to each expert, for the warp that stores its first
+ * payload piece, which writes the header too (mc_gpu_kernels.cuh): one
+ * lane building and storing a whole header was thousands of unrolled
+ * instructions in the block that publishes the metas, on the round's
+ * critical path. Chunked: the header (targets in ascending expert id: the
+ * ids are distinct) into staging, for the send kernel to copy or put; none
+ * where the round is refused (*refused, shared). */
 MC_DEV void mc_prep_record(const mc_kargs_t &a, const int K, const bool one, const int t, const int begin,
-                           const mc_route_tab_t &tab, const uint32_t *wm, uint32_t *sent, const int *refused,
-                           const mc_prep_tok_t &tk) {
+                           const mc_route_tab_t &tab, const uint32_t *wm, const int *refused, const mc_prep_tok_t &tk) {
   const mc_shape_t *s = &a.s;
   const int E = s->num_experts;
 #pragma unroll
   for (int k = 0; k < MC_MAX_TOPK; k++)
     if (tk.first >> k & 1u) tab.ridx[(int64_t)(t - begin) * K + tk.jpos[k]] = wm[E + tk.rk[k]] + tk.pr[k];
-  const bool hdr_here = one ? t % (int)gridDim.x == (int)blockIdx.x : true;
-  if (!hdr_here || *refused) return;
+  if (one) {
 #pragma unroll
-  for (int d = 0; d < MC_MAX_TOPK; d++) {
-    if (!one && d > 0) break;
-    if (one && !(tk.first >> d & 1u)) continue;
-    mc_record_header_t *h =
-        one ? (mc_record_header_t *)(mc_t_peer_window(&a, tk.rk[d]) +
-                                     mc_disp_recv_off(s, a.rank, (int)(wm[E + tk.rk[d]] + tk.pr[d])))
-            : (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
-    h->token = t;
-    h->n_targets = K;
+    for (int k = 0; k < MC_MAX_TOPK; k++)
+      if (k < K) tab.tpos[(int64_t)(t - begin) * K + k] = wm[tk.idx[k]] + tk.pe[k];
+    return;
+  }
+  if (*refused) return;
+  mc_record_header_t *h = (mc_record_header_t *)(a.win + mc_disp_send_off(s, t - begin));
+  h->token = t;
+  h->n_targets = K;
 #pragma unroll
-    for (int k = 0; k < MC_MAX_TOPK; k++) {
-      if (k >= K) continue;
-      int at = 0;
+  for (int k = 0; k < MC_MAX_TOPK; k++) {
+    if (k >= K) continue;
+    int at = 0;
 #pragma unroll
-      for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && tk.idx[j] < tk.idx[k];
-      h->targets[at] = mc_target_t{tk.idx[k], (int32_t)(wm[tk.idx[k]] + tk.pe[k]), tk.wt[k]};
-    }
-    if (one) atomicAdd(&sent[tk.rk[d]], 1u);
+    for (int j = 0; j < MC_MAX_TOPK; j++) at += j < K && tk.idx[j] < tk.idx[k];
+    h->targets[at] = mc_target_t{tk.idx[k], (int32_t)(wm[tk.idx[k]] + tk.pe[k]), tk.wt[k]};
   }
 }
 
@@ -361,13 +362,15 @@ MC_DEV void mc_prep_refuse(const mc_kargs_t &a, const bool one) {
 }
 
 /* The accepted round, from one block: the state later kernels read, the
- * metas (into staging, or one launch: into the peers' windows, signalled). */
+ * metas (into staging, or one launch: into the peers' windows, signalled).
+ * One launch: the call's outcome and the metas first, then their signals,
+ * then what only later kernels read (the receivers wait for the signals). */
 MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, const bool one, const uint32_t *count,
                            const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round,
                            const uint64_t digest) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
-  mc_prep_publish(a, count, rexp, m_eff);
+  if (!one) mc_prep_publish(a, count, rexp, m_eff);
   if (tid == 0) mc_prep_outcome(a, one, 0);
   const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
   for (int i = tid; i < W * nw; i += blockDim.x) {
@@ -378,14 +381,15 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
     meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
   }
   if (one) {
-    /* later kernels (combine) read the routes from the workspace */
-    uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
-    for (int i = tid; i < m_eff * K; i += blockDim.x) gd[i] = tab.dests[i];
-    for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
     __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
     for (int dst = tid; dst < W; dst += blockDim.x)
       if (!mc_masked(masking, &a, dst))
         mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+    mc_prep_publish(a, count, rexp, m_eff);
+    /* later kernels (combine) read the routes from the workspace */
+    uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
+    for (int i = tid; i < m_eff * K; i += blockDim.x) gd[i] = tab.dests[i];
+    for (int i = tid; i < m_eff; i += blockDim.x) gn[i] = tab.ndest[i];
   } else if (tid == 0) {
     *mc_ws_round(&a) = round; /* every block of this kernel has read the old value */
   }
@@ -394,9 +398,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
 /* The prep. mode MC_PREP_CHUNKS: block b scans chunk b; tables to the
  * workspace, headers to staging, the last block publishes and leaves the
  * metas in staging for the send kernel. mode MC_PREP_ONE: every block
- * scans every token (one chunk); tables to this block's shared memory;
- * token t's header is stored into each destination's record slot by the
- * block t % gridDim.x (counted in sent[] as one piece); block 0 publishes,
+ * scans every token (one chunk); tables to this block's shared memory
+ * (the headers are the send step's); block 0 publishes,
  * stores the metas into the peers' windows and signals them. Returns
  * m_eff, or -1 where the round is refused (bad input: nothing sent; the
  * failure is recorded and MC_WS_BAD set) or this block has nothing more
@@ -453,7 +456,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
       }
     }
     mc_prep_place(K, E, C, NW, ok, scan, count, rexp, mask, wm, tk);
-    if (scan) mc_prep_record(a, K, one, t, begin, tab, wm, sent, &bad, tk);
+    if (scan) mc_prep_record(a, K, one, t, begin, tab, wm, &bad, tk);
   }
   __syncthreads();
   if (!one && gridDim.x > 1 && !mc_prep_scan_chunks(a, smem, C + W, &bad, &digest)) return -1;
