@@ -12,6 +12,7 @@ MC_TEST(create_destroy_loop)
 MC_TEST(dtype_conversions)
 MC_TEST(quant_e4m3)
 MC_TEST(quant_blocks)
+MC_TEST(quant_division)
 /* the protocol against the reference model */
 MC_TEST(random_configs)
 MC_TEST(world_sizes)
