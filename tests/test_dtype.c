@@ -160,3 +160,30 @@ int test_quant_blocks(void) {
   MC_CHECK(mc_quant_block_fp32(x, MC_QBLOCK, q) == 4.0f && q[5] == 0x7E);
   return 0;
 }
+
+/* mc_quant_values makes the fp32 format's q = x / s without a division
+ * (mc_quant.h): for every finite bf16 amax (hence every scale s a block can
+ * have) and every bf16 value a block with that amax can hold (finite ones
+ * no larger than amax, and +-Inf and NaN), in blocks of 16 as the GPU
+ * kernels call it, its e4m3 byte is the division's. 2^30 values. */
+int test_quant_division(void) {
+  uint16_t x[16];
+  uint8_t q[16];
+  for (uint32_t ah = 0; ah < 0x7f80u; ah++) {
+    const float amax = mc_bf16_to_f32((uint16_t)ah), s = ah ? amax / MC_E4M3_MAX : 1.0f;
+    int n = 0;
+    for (uint32_t h = 0; h <= 0x10000u; h++) {
+      const int held = h < 0x10000u && ((h & 0x7fffu) <= ah || (h & 0x7fffu) >= 0x7f80u);
+      if (held) x[n++] = (uint16_t)h;
+      if (n < 16 && h < 0x10000u) continue;
+      MC_CHECK(mc_quant_values(x, n, amax, 0, q) == mc_f32_bits(s));
+      for (int i = 0; i < n; i++) {
+        const uint8_t want = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
+        MC_CHECK_MSG(q[i] == want, "amax %a (bf16 0x%04x), x bf16 0x%04x: 0x%02x, the division gives 0x%02x", amax,
+                     ah, x[i], q[i], want);
+      }
+      n = 0;
+    }
+  }
+  return 0;
+}

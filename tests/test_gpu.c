@@ -287,6 +287,24 @@ int test_gpu_quant_values(void) {
 #endif
 }
 
+/* The fp32 format's division-free quotient (mc_quant.h) as the GPU runs it,
+ * against the division run there too, over every pair test quant_division
+ * checks on the host. */
+int test_gpu_quant_division(void) {
+  REQUIRE_GPU();
+#ifdef MC_REF_CUDA
+  unsigned long long bad = 0, first = 0;
+  MC_CHECK(mc_dev_select(0) == 0);
+  MC_CHECK(mc_ref_quant_division_on_gpu(&bad, &first) == 0);
+  MC_CHECK_MSG(bad == 0, "%llu bytes differ from the division's; the first: amax bf16 0x%04llx, x bf16 0x%04llx", bad,
+               first >> 16, first & 0xffffull);
+  return 0;
+#else
+  printf("skipped: a build without CUDA\n");
+  return MC_TEST_SKIP;
+#endif
+}
+
 /* An application that started NVSHMEM itself (here as PE 0 of 1): the
  * communicator attaches instead of starting it again, the kernels run on
  * that NVSHMEM and match the reference, and destroying the communicator

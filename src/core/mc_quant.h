@@ -18,12 +18,14 @@
  *   (the biased exponent of s as a float: what block-scaled fp8 matrix
  *   multiplies on Blackwell read);
  * - each value: q = x / s, one IEEE division rounded to nearest even (for
- *   UE8M0, the exact multiplication by 2^-e), then e4m3 by round to nearest,
+ *   UE8M0, the exact multiplication by 2^-e; for fp32 the same bytes are
+ *   made without a division, mc_quant_values), then e4m3 by round to nearest,
  *   ties to even; |q| > 448 saturates to +-448 (so do +-Inf); NaN gives 0x7F;
  *   -0 gives 0x80. Dequantised: x ~ e4m3(q) * s. */
 #ifndef MC_QUANT_H
 #define MC_QUANT_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -131,8 +133,25 @@ MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, 
     return (uint32_t)(e + 127);
   }
   const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
+  /* x / s without a division a value: with r = 1 / s rounded, q0 = x r and
+   * the exact remainder x - q0 s (one fused multiply-add), q0 + remainder x r
+   * is the rounded quotient (Markstein's correction), save where the
+   * quotient is zero, infinite or NaN (then q0 is it) or below float's
+   * normal range (there it may differ in its last bits, but every such
+   * quotient is far below half the smallest e4m3 step and makes +-0 either
+   * way). A block with a tiny s (amax below 2^-100 x 448) is scaled by 2^64
+   * first, which is exact (every finite value of the block is at most amax)
+   * and keeps r finite. Test quant_division checks the e4m3 bytes against
+   * the division's for every bf16 amax and every bf16 value a block with it
+   * can hold. On a GPU a division is a dozen instructions and a branch;
+   * sixteen of them a thread made the fp32 quantising dispatch slow. */
+  const float k = s < 0x1p-100f ? 0x1p64f : 1.0f, sk = s * k, r = 1.0f / sk;
   MC_QUANT_UNROLL
-  for (int i = 0; i < n; i++) q[i] = mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s);
+  for (int i = 0; i < n; i++) {
+    const float xk = mc_bf16_to_f32(x[i]) * k, q0 = xk * r;
+    const uint32_t b = mc_f32_bits(q0) & 0x7fffffffu;
+    q[i] = mc_f32_to_e4m3(b != 0 && b < 0x7f800000u ? fmaf(fmaf(-q0, sk, xk), r, q0) : q0);
+  }
   return mc_f32_bits(s);
 }
 

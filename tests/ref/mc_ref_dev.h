@@ -32,6 +32,12 @@ int mc_dev_quantise(int gpu, const void *x, int m, int hidden, int ue8m0, void *
 /* CUDA builds: q[i] = mc_f32_to_e4m3(x[i]) on the device (device buffers),
  * synchronised; 0 on success */
 int mc_ref_e4m3_on_gpu(const float *x, size_t n, uint8_t *q);
+/* CUDA builds: test quant_division on the device: for every finite bf16
+ * amax and every bf16 value a block with it can hold, mc_quant_values'
+ * fp32-format byte against the division's, both made on the device; the
+ * count of bytes that differ into *bad, the first such (amax << 16 | x)
+ * into *first. 0 on success */
+int mc_ref_quant_division_on_gpu(unsigned long long *bad, unsigned long long *first);
 /* other work on the stream between a send and its recv */
 void mc_dev_busy(int gpu, void *scratch, size_t n);
 void mc_dev_mark(int gpu, int k);

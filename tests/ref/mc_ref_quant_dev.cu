@@ -57,3 +57,48 @@ extern "C" int mc_ref_e4m3_on_gpu(const float *x, size_t n, uint8_t *q) {
   mc_ref_k_e4m3<<<(unsigned)((n + 255) / 256), 256>>>(x, n, q);
   return cudaDeviceSynchronize() != cudaSuccess;
 }
+
+/* one block per bf16 amax, its threads over the 65536 bf16 values 16 at a
+ * time (a thread's 16 consecutive codes, of which those a block with this
+ * amax can hold) */
+__global__ void mc_ref_k_quant_division(unsigned long long *bad, unsigned long long *first) {
+  const uint32_t ah = blockIdx.x;
+  const float amax = mc_bf16_to_f32((uint16_t)ah), s = ah ? amax / MC_E4M3_MAX : 1.0f;
+  for (uint32_t base = threadIdx.x * 16u; base < 0x10000u; base += blockDim.x * 16u) {
+    uint16_t x[16];
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      const uint32_t h = base + (uint32_t)i, a = h & 0x7fffu;
+      x[i] = (uint16_t)h;
+      n += a <= ah || a >= 0x7f80u;
+    }
+    if (n < 16) { /* values above amax (not in such a block): replace them by amax itself */
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const uint32_t a = x[i] & 0x7fffu;
+        if (a > ah && a < 0x7f80u) x[i] = (uint16_t)ah;
+      }
+    }
+    uint8_t q[16];
+    mc_quant_values(x, 16, amax, 0, q);
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      if (q[i] != mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s)) {
+        atomicAdd(bad, 1ull);
+        atomicMin(first, (unsigned long long)ah << 16 | x[i]);
+      }
+  }
+}
+
+extern "C" int mc_ref_quant_division_on_gpu(unsigned long long *bad, unsigned long long *first) {
+  unsigned long long *d = NULL, h[2] = {0, ~0ull};
+  if (cudaMalloc((void **)&d, sizeof h) != cudaSuccess) return 1;
+  int rc = cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice) != cudaSuccess;
+  if (!rc) mc_ref_k_quant_division<<<0x7f80u, 256>>>(d, d + 1);
+  rc = rc || cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess;
+  cudaFree(d);
+  *bad = h[0];
+  *first = h[1];
+  return rc;
+}
