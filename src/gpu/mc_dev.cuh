@@ -94,8 +94,10 @@ MC_DEV uint64_t mc_globaltimer_ns(void) {
 /* The diagnostic trace (MC_GPU_TRACE=file, see mc_gpu_host.c): per kernel,
  * slot 0 the first block's start and 1 the last block's (how long blocks
  * waited for SMs), 2..6 checkpoints (the last block to pass each), 7 the
- * last warp's end. globaltimer is one clock for every process on a GPU, so
- * ranks sharing a GPU line up. Off (a->trace NULL) it costs one branch. */
+ * last block's end (after a block barrier: a stamp per warp, thousands of
+ * atomics on one word, took microseconds of its own). globaltimer is one
+ * clock for every process on a GPU, so ranks sharing a GPU line up. Off
+ * (a->trace NULL) it costs one branch. */
 MC_DEV void mc_trace_start(const mc_kargs_t *a, int k) {
   if (a->trace && threadIdx.x == 0) {
     unsigned long long t = mc_globaltimer_ns();
@@ -107,8 +109,11 @@ MC_DEV void mc_trace_point(const mc_kargs_t *a, int k, int c) {
   if (a->trace && threadIdx.x == 0)
     atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 2 + c], (unsigned long long)mc_globaltimer_ns());
 }
+/* every thread of the block calls it (a barrier where tracing) */
 MC_DEV void mc_trace_end(const mc_kargs_t *a, int k) {
-  if (a->trace && (threadIdx.x & 31) == 0)
+  if (!a->trace) return;
+  __syncthreads();
+  if (threadIdx.x == 0)
     atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 7], (unsigned long long)mc_globaltimer_ns());
 }
 
