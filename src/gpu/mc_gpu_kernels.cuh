@@ -479,10 +479,6 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   const mc_shape_t *s = &a.s;
   const uint64_t round = *mc_ws_round(&a) + 1;
   const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round); /* no rank masked: mc_gpu_launch.cuh */
-  /* dispatch-recv may start once every block is here, not before: started
-   * with this kernel, its blocks waited through the prep, and some rounds
-   * took 100-600 us more (p99 at 128 tokens, EP2; docs/performance.md) */
-  mc_pdl_launch_dependents();
   if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
     extern __shared__ uint32_t smem[];
     int begin, end;

@@ -465,6 +465,13 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
     if (tid == 0 && (!one || blockIdx.x == 0)) mc_prep_refuse(a, one);
     return -1;
   }
+  /* one launch: dispatch-recv may start once every block has prepped, not
+   * before (started with this kernel, its blocks waited through the prep,
+   * and some rounds took 100-600 us more: p99 at 128 tokens, EP2), block 0
+   * included, before it publishes (the receiver's launch takes a few us:
+   * 0.8-0.9 us less dispatch at every size, docs/performance.md). A block
+   * that returned above, refused, lets it start by exiting. */
+  if (one) mc_pdl_launch_dependents();
   if (!one || blockIdx.x == 0)
     mc_prep_finish(a, masking, K, one, count, rexp, m_eff, tab, round,
                    s->group_size > 1 ? digest + mc_m_digest(m_eff) : 0);
