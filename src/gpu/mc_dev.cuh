@@ -164,9 +164,10 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
       return 0;
     }
     /* back off: hundreds of pollers in tight loops (other ranks' receive
-     * kernels on the same GPU) load the memory system the senders need */
+     * kernels on the same GPU) load the memory system the senders need;
+     * a->nap_max is shorter where this rank has its GPU alone (mc_gpu_host.c) */
     __nanosleep(nap);
-    if (nap < 512) nap *= 2;
+    if (nap < (unsigned)a->nap_max) nap *= 2;
     if ((it & 15u) == 0) {
       if (mc_dev_failed(a->err)) return 1;
       const uint64_t now = mc_globaltimer_ns();

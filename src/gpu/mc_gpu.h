@@ -55,6 +55,7 @@ typedef struct mc_kargs {
   int recv_pieces; /* dispatch-recv: payload pieces a warp copies per item (mc_gpu_kernels.cuh) */
   int quant;       /* 0: tokens are the payload; 1, 2: bf16 rows quantised to e4m3 with fp32 (1)
                       or UE8M0 (2) scales on the way (mc_gpu_quant.cuh) */
+  int nap_max;     /* ns: the longest nap between polls (mc_dev_wait_ge) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
   /* where some rank is masked: the mask in the workspace (mc_ws_mask_off), else NULL; read only by
    * the kernels made for masked ranks (mc_masked). Last, so that no other field moves for it */

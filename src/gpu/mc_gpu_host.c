@@ -273,6 +273,11 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->quant = a2a->cfg.dispatch_input != MC_INPUT_BF16_TO_E4M3 ? 0 : a2a->cfg.scale_format == MC_SCALE_UE8M0 ? 2 : 1;
   ka->mask = a2a->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
   ka->trace = g->trace;
+  /* naps between polls up to 128 ns where this rank has its GPU alone (a
+   * signal is seen sooner: combine 0.2-0.4 us faster), 512 where ranks share
+   * it (at 128 there, EP8 on one H200, dispatch took 121-160 us against 86:
+   * the pollers slowed the other ranks' senders; docs/performance.md) */
+  ka->nap_max = g->alone ? 128 : 512;
   if (d) {
     ka->tokens = d->tokens;
     ka->scales = d->scales;
