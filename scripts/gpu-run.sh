@@ -65,14 +65,16 @@ if [ "$mode" = pplx ]; then
   exit 0
 fi
 if [ "$mode" = probe ]; then
-  # where one kernel's time goes (ncu does not run under MPS: one rank alone),
-  # then dispatch and combine timed whole (no events between the halves),
-  # eager and as CUDA-graph replays
+  # where one kernel's time goes (ncu does not run under MPS: one rank alone;
+  # PROBE_KERNELS: which, by name; PROBE_ARGS: more mc-bench arguments for the
+  # ncu run, e.g. "--quantise fp32" for the quantising kernels), then
+  # dispatch and combine timed whole (no events between the halves), eager
+  # and as CUDA-graph replays
   B="build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 -r 100 -w 10"
   for k in ${PROBE_KERNELS:-dispatch_prep}; do
     MC_NO_MPS=1 timeout 200 scripts/mc-launch.sh 1 -- ncu --clock-control none --target-processes all \
       -k regex:mc_k_$k --launch-skip 20 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-      --section SourceCounters --section LaunchStats $B -r 30 -n 1 -t 128 > "$out/ncu-$k.log" 2>&1
+      --section SourceCounters --section LaunchStats $B -r 30 -n 1 -t 128 ${PROBE_ARGS:-} > "$out/ncu-$k.log" 2>&1
     echo "== ncu $k"; grep -iE "duration|stall|warp cycles|registers|issued" "$out/ncu-$k.log" | cut -c1-160 | head -30
   done
   for t in 1 128; do
