@@ -132,18 +132,6 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
     if (count[p]) mc_sig_add(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(&a.s, slot, a.rank)), count[p]);
 }
 
-/* ---- dispatch-send: the records, a warp per (token, payload piece) ----
- * Piece j of token t is its payload bytes [j, j + 1) x MC_SEG_BYTES (the
- * last piece also the scales), loaded once and stored into the record slot
- * of every directly reachable destination. A destination reached only by
- * puts (chunked path) gets the whole staged record from the warp of piece
- * 0, adding all its pieces at once. Headers: the warp of piece 0 stores
- * them too, built from the prep's positions (one launch, hdr_staged 0:
- * lane k the k-th target, mc_header_target) or copied from staging
- * (chunked, 1). Blocks from b0 on take part (the one-launch
- * kernel leaves out block 0, which publishes the round's metas first: its
- * share of pieces went out last). Each block counts the pieces it stored
- * per destination in sent[] for mc_block_signal_counts. */
 /* One launch: token t's header, lane k < K holding its k-th target (id,
  * the prep's position among this rank's records to that expert, weight)
  * and its place among the targets in ascending id (the ids are distinct). */
@@ -163,6 +151,18 @@ MC_DEV mc_target_t mc_header_target(const mc_kargs_t &a, const int K, const mc_r
   return tg;
 }
 
+/* ---- dispatch-send: the records, a warp per (token, payload piece) ----
+ * Piece j of token t is its payload bytes [j, j + 1) x MC_SEG_BYTES (the
+ * last piece also the scales), loaded once and stored into the record slot
+ * of every directly reachable destination. A destination reached only by
+ * puts (chunked path) gets the whole staged record from the warp of piece
+ * 0, adding all its pieces at once. Headers: the warp of piece 0 stores
+ * them too, built from the prep's positions (one launch, hdr_staged 0:
+ * lane k the k-th target, mc_header_target) or copied from staging
+ * (chunked, 1). Blocks from b0 on take part (the one-launch
+ * kernel leaves out block 0, which publishes the round's metas first: its
+ * share of pieces went out last). Each block counts the pieces it stored
+ * per destination in sent[] for mc_block_signal_counts. */
 MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int quant, const mc_route_tab_t &tab,
                                     const int begin, const int end, const int hdr_staged, const int b0, uint32_t *sent) {
   const mc_shape_t *s = &a.s;
