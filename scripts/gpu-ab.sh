@@ -14,7 +14,10 @@
 # fp32 or UE8M0 scales), qa128 and ua128 (the same quantised apart first:
 # mc-bench --quantise-apart); default "t128 t1 small t128h"; the others are
 # timed whole (MC_SEND_RECV). The JSON of every run goes to $OUT (default
-# ./gpu-ab-out); a table last.
+# ./gpu-ab-out); a table last: every run, then per point and tree the median
+# of the runs' medians with their range. One GPU's runs are noisy (a run's
+# dispatch median can sit in one of two modes 2-3 us apart), so decide on
+# AB_REPS=4 or more.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 TREE... (copies of the source to time against this one)"; exit 2; }
 out=${OUT:-$PWD/gpu-ab-out}
@@ -50,7 +53,8 @@ for rep in $(seq "${AB_REPS:-2}"); do
   done
 done
 python3 - "$out" <<'PY'
-import glob, json, os, sys
+import glob, json, os, statistics, sys
+runs = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
     try:
         l = json.load(open(f))["latency_us"]
@@ -59,4 +63,14 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
     h = " ".join(f'{l[k]["median"]:6.1f}' if k in l else "     -"
                  for k in ("dispatch send", "dispatch recv", "combine send", "combine recv"))
     print(f'{os.path.basename(f)[3:-5]:28s} disp {l["dispatch"]["median"]:7.1f} comb {l["combine"]["median"]:7.1f}  halves {h}')
+    label, point, _ = os.path.basename(f)[3:-5].rsplit("-", 2)
+    runs.setdefault((point, label), []).append(l)
+print("per point and tree: median of the runs' medians [range], median p99")
+for (point, label), ls in sorted(runs.items()):
+    cols = []
+    for ph in ("dispatch", "combine"):
+        m = [l[ph]["median"] for l in ls]
+        cols.append(f'{ph[:4]} {statistics.median(m):6.1f} [{min(m):5.1f}-{max(m):5.1f}] p99 '
+                    f'{statistics.median(l[ph]["p99"] for l in ls):6.1f}')
+    print(f'{point:6s} {label:10s} n={len(ls)}  ' + "  ".join(cols))
 PY
