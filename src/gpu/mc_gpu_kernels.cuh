@@ -1,6 +1,7 @@
 /* mc_gpu_kernels.cuh - dispatch and combine on the GPU, written once for
- * both GPU transports (dispatch's prep in mc_gpu_prep.cuh, combine's kernels
- * in mc_gpu_combine.cuh, both included here). The including .cu file first
+ * both GPU transports (dispatch's prep in mc_gpu_prep.cuh, dispatch-recv in
+ * mc_gpu_dispatch_recv.cuh, combine's kernels in mc_gpu_combine.cuh, all
+ * included here). The including .cu file first
  * defines the device-side transport interface:
  *
  *   mc_t_put_signal_warp(a, dst_off, src, bytes, slot, value, op, pe)
@@ -66,13 +67,10 @@
 
 #define MC_THREADS 512
 
-/* Dynamic shared memory, beside the kernels that carve it (prep's: mc_gpu_prep.cuh).
- * dispatch-send (chunked) and combine-send: sent[W], what this block stored into each rank;
- * dispatch-recv: base[W][L], prefix[W + 1]. */
+/* Dynamic shared memory, beside the kernels that carve it (prep's:
+ * mc_gpu_prep.cuh; dispatch-recv's: mc_gpu_dispatch_recv.cuh).
+ * dispatch-send (chunked) and combine-send: sent[W], what this block stored into each rank. */
 static inline size_t mc_send_smem_bytes(const mc_shape_t *s) { return sizeof(uint32_t) * (size_t)s->world_size; }
-static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
-  return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
-}
 
 /* ---- dispatch-send, chunked path: pack payloads into staging (whole
  * grid), launched only when some peer is reached by puts ---- */
@@ -109,6 +107,14 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
   mc_trace_end(&a, MC_TK_PACK);
 }
 
+/* One thread: SET peer p's signal (slot, from this rank) to v, by a store
+ * where its window is mapped, else by the transport's put. */
+MC_DEV void mc_signal_set(const mc_kargs_t &a, int p, int slot, uint64_t v) {
+  unsigned char *peer = mc_t_peer_window(&a, p);
+  if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(&a.s, slot, a.rank)), v);
+  else mc_t_signal(&a, slot, v, MC_SIG_SET, p);
+}
+
 /* End of a send part: after every warp of the block stored its share, one
  * release per directly reachable rank this block sent to, adding what it
  * stored (record or row pieces) to that rank's running total. A signal per
@@ -118,14 +124,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
  * through bar.sync, and release is cumulative. (A fence.sc before the
  * release orders nothing more and costs its own wait: with one, most of
  * the dispatch kernel's sampled stalls were in it, docs/performance.md.) */
-/* One thread: SET peer p's signal (slot, from this rank) to v, by a store
- * where its window is mapped, else by the transport's put. */
-MC_DEV void mc_signal_set(const mc_kargs_t &a, int p, int slot, uint64_t v) {
-  unsigned char *peer = mc_t_peer_window(&a, p);
-  if (peer) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(&a.s, slot, a.rank)), v);
-  else mc_t_signal(&a, slot, v, MC_SIG_SET, p);
-}
-
 MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
   __syncthreads();
   for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x)
@@ -211,21 +209,6 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
   }
 }
 
-/* What dispatch-recv waits for from rank src, written once (combine-recv's:
- * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded). */
-MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
-                        round);
-}
-/* after src's meta: every piece of every record it announced there (the
- * running total moves on after dispatch-recv) */
-MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
-  const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(&a.s, src)))[0];
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src),
-                        seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records * mc_record_pieces(&a.s),
-                        MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
-}
 /* ---- dispatch-send, chunked path: after the prep kernel(s) ---- */
 MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const int quant) {
   const mc_shape_t *s = &a.s;
@@ -268,206 +251,6 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_masked(m
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q_masked(mc_kargs_t a) {
   mc_dispatch_send_body(a, 1, 1);
-}
-
-/* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
- * payload pieces) ----
- * Every block waits for all metas and computes the slot bases itself (a few
- * hundred integers: cheaper than a grid-wide barrier); warps then take
- * items in (source, index) order, wait until that source's pieces have all
- * landed, read the record's targets (a lane per k), and copy their pieces
- * into every slot of this rank's experts; the warp of the first piece
- * writes the record's route entry for combine. The last block to finish
- * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round) {
-  const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
-  const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
-  const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
-  extern __shared__ uint32_t smem[];
-  uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
-  __shared__ int abort_;
-  mc_trace_start(&a, MC_TK_DRECV);
-  if (tid == 0) abort_ = 0;
-  __syncthreads();
-  for (int src = tid; src < W; src += blockDim.x)
-    if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
-  __syncthreads();
-  if (abort_) return;
-  /* the ranks of a group passed the same m, indices and weights: their
-   * digests agree (mc_gpu_prep.cuh), or the round cannot finish (groups of
-   * one rank have no digest: nothing to compare, no barrier to pay) */
-  if (s->group_size > 1) {
-    for (int src = tid; src < W; src += blockDim.x) {
-      const int first = src / s->group_size * s->group_size, dw = mc_meta_digest_word(s);
-      const uint32_t *m0 = (const uint32_t *)(a.win + mc_disp_meta_off(s, first));
-      const uint32_t *m1 = (const uint32_t *)(a.win + mc_disp_meta_off(s, src));
-      if (src != first && (m0[dw] != m1[dw] || m0[dw + 1] != m1[dw + 1])) {
-        abort_ = 1;
-        if (blockIdx.x == 0)
-          mc_dev_fail(a.err, MC_DEVERR_GROUP_DIFFERS, MC_PHASE_DRECV, a.rank, src, first, -1, -1,
-                      src / s->group_size, 0, 0, round);
-      }
-    }
-    __syncthreads();
-    if (abort_) return;
-  }
-  mc_trace_point(&a, MC_TK_DRECV, 0);
-  /* every meta word at once (a dependent load per source and expert was a
-   * memory latency each), then the scans over sources in shared memory */
-  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
-    const int src = i / (L + 1), w = i % (L + 1);
-    const uint32_t v = mc_masked(masking, &a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
-    if (w) base[src * L + w - 1] = v;
-    else prefix[src + 1] = v;
-  }
-  __syncthreads();
-  uint64_t *load = (uint64_t *)(a.ws + mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
-  for (int l = tid; l < L; l += blockDim.x) {
-    uint32_t run = 0;
-    for (int src = 0; src < W; src++) {
-      const uint32_t n = base[src * L + l];
-      base[src * L + l] = run;
-      run += n;
-    }
-    if (blockIdx.x == 0) {
-      a.expert_count[l] = (int32_t)run;
-      load[l] += run;
-    }
-  }
-  if (tid == 0) {
-    prefix[0] = 0;
-    for (int src = 0; src < W; src++) prefix[src + 1] += prefix[src];
-  }
-  __syncthreads();
-  mc_trace_point(&a, MC_TK_DRECV, 1);
-  const int total = (int)prefix[W];
-  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
-  const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
-  int waited_src = -1;
-  for (int it = gw; it < total * I; it += nw) {
-    const int i = it / I, j0 = (it % I) * P, j1 = j0 + P < S ? j0 + P : S;
-    int src = 0, hi = W - 1; /* the last source whose records start at or before i */
-    while (src < hi) {
-      const int mid = (src + hi + 1) / 2;
-      if (prefix[mid] <= (uint32_t)i) src = mid;
-      else hi = mid - 1;
-    }
-    if (src != waited_src) {
-      int fail = 0;
-      if (lane == 0) fail = mc_wait_records(a, src, round);
-      if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
-      __syncwarp(); /* lane 0's acquire before every lane's loads of the records */
-      waited_src = src;
-    }
-    const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
-    const mc_record_header_t *h = (const mc_record_header_t *)rec;
-    /* the first piece's loads go out before the header's: they do not
-     * depend on it, and the copy is a chain of memory latencies */
-    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES, left0 = s->token_bytes - po0;
-    const uint32_t bytes0 = (uint32_t)(left0 < MC_SEG_BYTES ? left0 : MC_SEG_BYTES);
-    int4 v[4];
-    mc_warp_piece_load(v, rec + poff + po0, bytes0, lane);
-    /* lane k reads target k: this rank's experts among them, ascending id */
-    mc_target_t tg = {0, 0, 0.0f};
-    int here = 0, l = 0, slot = 0;
-    if (lane < K) {
-      tg = h->targets[lane];
-      here = tg.expert / L == a.rank;
-      if (here) l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
-    }
-    const uint32_t km = __ballot_sync(0xffffffffu, here);
-    const int n = __popc(km);
-    /* each piece into every slot here, a slot at a time (its expert and
-     * position from the lane that read that target): no table of pointers,
-     * which lived in local memory */
-    for (int j = j0; j < j1; j++) {
-      const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-      const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
-      if (j > j0) mc_warp_piece_load(v, rec + poff + po, bytes, lane);
-      uint32_t rest = km;
-      for (int q = 0; q < n; q++) {
-        const int from = __ffs(rest) - 1;
-        rest &= rest - 1;
-        const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, l, from) * cap + (uint64_t)__shfl_sync(0xffffffffu, slot, from);
-        unsigned char *x = (unsigned char *)a.expert_x + at * s->token_bytes;
-        mc_warp_piece_store(&x, 1, po, v, bytes, lane);
-        if (j == S - 1 && s->scale_bytes) {
-          unsigned char *sd = (unsigned char *)a.expert_scale + at * s->scale_bytes;
-          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane);
-        }
-      }
-    }
-    if (j0 == 0) {
-      mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-      if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};
-      if (lane == 0) {
-        r->src_rank = src;
-        r->token = h->token;
-        r->n_targets = n;
-      }
-    }
-  }
-  /* last block out: running totals of record pieces move on by this round's counts */
-  mc_trace_end(&a, MC_TK_DRECV);
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
-    if (done == gridDim.x - 1) {
-      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++)
-        seen_w[MC_SIG_DISP_RECS * W + src] += (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
-      sc[MC_WS_N_ROUTE] = (uint32_t)total;
-      *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
-      sc[MC_WS_DONE_DRECV] = 0;
-    }
-  }
-}
-/* Dispatch-recv starts before dispatch-send has finished where it is
- * launched early (mc_gpu_launch.cuh; dispatch-send lets it start once
- * every block has prepped): it takes the round and the call's number from
- * its own counts, waits for the call's outcome (MC_WS_OUTCOME), which
- * dispatch-send writes once it has checked the input, and waits for its
- * sender to finish only at its end, so that later work on the stream
- * comes after both. A refused call is over for it too: its call count
- * moves on, its round count does not. */
-MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
-  const uint64_t round = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1;
-  const uint64_t call = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1;
-  __shared__ uint64_t outcome;
-  if (threadIdx.x == 0) {
-    const uint64_t *o = mc_ws_scalar64(&a, MC_WS_OUTCOME);
-    outcome = mc_dev_wait_ge(&a, o, 2 * call, MC_PHASE_DRECV, a.rank, MC_SIG_DISP_META, round)
-                  ? 0
-                  : *(volatile const uint64_t *)o;
-  }
-  __syncthreads();
-  if (outcome == 2 * call) {
-    mc_dispatch_recv_body(a, masking, round);
-  } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
-    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
-    __threadfence();
-    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
-      sc[MC_WS_DONE_DRECV] = 0;
-    }
-  }
-  mc_pdl_wait();
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) { mc_dispatch_recv_kernel(a, 0); }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_masked(mc_kargs_t a) {
-  mc_dispatch_recv_kernel(a, 1);
-}
-
-/* A refused call whose dispatch-recv never ran (the caller learnt of the
- * refusal first): dispatch-recv's call count moves past it, as that kernel
- * would have moved it (where the counts agree already, this changes
- * nothing: a CUDA graph that captured it replays safely). */
-static __global__ void mc_k_drecv_skip(mc_kargs_t a) {
-  *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
 }
 
 /* ---- dispatch-send in one launch, where the group's tokens fit one prep
@@ -532,11 +315,9 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
   mc_dispatch_send_one_body(a, a.s.topk, 1);
 }
 
+#include "mc_gpu_dispatch_recv.cuh"
 #include "mc_gpu_combine.cuh"
 
-/* ---- mc_a2a_barrier: one block; every rank SETs its count into every
- * peer's slot, then waits for every peer's. Counts only grow, so a SET of
- * call n+1 cannot be confused with call n's. ---- */
 /* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
  * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
  * round has ended; the new mask is in the workspace already. ---- */
@@ -586,6 +367,9 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
       return;
 }
 
+/* ---- mc_a2a_barrier: one block; every rank SETs its count into every
+ * peer's slot, then waits for every peer's. Counts only grow, so a SET of
+ * call n+1 cannot be confused with call n's. ---- */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
