@@ -47,12 +47,17 @@ int mc_pid_gone(int64_t pid) {
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
   FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
-  return state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
+  if (f) {
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *state = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parentheses */
+    if (state && state[1] == ' ' && state[2]) return state[2] == 'Z' || state[2] == 'X';
+  }
+  /* No state read: the zombie was reaped between the two looks (a parent's
+   * waitpid; its stat file then fails to open or reads empty), or there is
+   * no /proc. A second kill tells. */
+  return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
 void mc_describe_wait_root(int world_size, int me, int peer, const mc_wait_view_t *view, char *out, size_t n) {
