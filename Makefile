@@ -1,14 +1,15 @@
 # moecomm: `make run` builds and runs the benchmark (mc-bench), `make test`
 # builds and runs every test: the suite, the Python package's tests, the
-# suite again under ASan+UBSan and TSan, valgrind on a subset, and an install
-# + link check. Build trees:
+# suite again under ASan+UBSan and TSan, valgrind on a subset, an install
+# + link check, and a build with the p2p transport alone where nvcc exists.
+# Build trees:
 # build/ (release with debug info), build-asan/, build-tsan/.
 BUILD ?= build
 JOBS ?= 2
 ARGS ?=
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-fast test-asan test-tsan test-valgrind test-install test-python clean
+.PHONY: all build run test test-fast test-asan test-tsan test-valgrind test-install test-python test-p2p-only clean
 
 all: build
 

@@ -69,7 +69,8 @@ typedef enum mc_result {
   MC_ERR_BOOTSTRAP = 6,     /* the out-of-band exchange failed or was refused */
   MC_ERR_CUDA = 7,          /* a CUDA runtime call failed */
   MC_ERR_NVSHMEM = 8,       /* an NVSHMEM call failed */
-  MC_ERR_ABORTED = 9,       /* the handle failed earlier (timeout); destroy it; the text quotes
+  MC_ERR_ABORTED = 9,       /* the handle failed earlier (a timeout, a CUDA/NVSHMEM/system
+                               failure, or group inputs that differ); destroy it; the text quotes
                                the first failure */
   MC_ERR_INTERNAL = 10      /* a bug in moecomm; please report the text */
 } mc_result_t;
@@ -85,7 +86,7 @@ MC_API const char *mc_last_error(void);
 /* ---- enumerations ------------------------------------------------------ */
 
 typedef enum mc_transport {
-  MC_TRANSPORT_AUTO = 0,    /* best available: p2p, then nvshmem, then cpu */
+  MC_TRANSPORT_AUTO = 0,    /* p2p if every peer is mappable, else nvshmem; cpu without a GPU */
   MC_TRANSPORT_CPU = 1,     /* host threads or processes over shared memory */
   MC_TRANSPORT_NVSHMEM = 2, /* GPU kernels over NVSHMEM (NVLink, IB, EFA) */
   MC_TRANSPORT_P2P = 3      /* GPU kernels over peer-mapped memory (one NVLink domain) */
@@ -211,11 +212,11 @@ typedef struct mc_comm_config {
 
 /* Collective over the oob: every rank calls it with the same group_size and
  * transport. Picks the transport (AUTO: the best this build and machine
- * offer: with a GPU, p2p when every rank is on this host, else nvshmem;
- * without, cpu; mc_comm_transport() says which). The comm keeps a copy of *oob and
- * uses its allgather here and in mc_a2a_create; the oob must stay alive
- * until mc_comm_destroy returns. On failure *out is NULL and
- * mc_last_error() has the details. */
+ * offer: with a GPU, p2p when every rank can map every peer's memory (one
+ * host), else nvshmem; without, cpu; mc_comm_transport() says which). The
+ * comm keeps a copy of *oob and uses its allgather here and in
+ * mc_a2a_create; the oob must stay alive until mc_comm_destroy returns. On
+ * failure *out is NULL and mc_last_error() has the details. */
 MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config,
                                   mc_comm_t **out);
 
@@ -418,11 +419,13 @@ MC_API mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask);
 
 /* ---- benchmark support ------------------------------------------------- */
 
-/* The baseline the seed compares against: the transport's own dense
- * all-to-all (NVSHMEM's alltoallmem for nvshmem) of bytes_per_peer bytes to
- * every rank, padded as a dense design must be. Collective. Each of `iters`
- * samples (after `warmup`) is timed with CUDA events after a barrier on the
- * stream, into times_us[iters]. MC_ERR_UNSUPPORTED on the cpu transport. */
+/* A dense all-to-all baseline for benchmarks: the transport's own dense
+ * all-to-all (NVSHMEM's alltoallmem) of bytes_per_peer bytes to every rank,
+ * padded as a dense design must be, so a benchmark can show what the link
+ * gives in the same run. Collective. Each of `iters` samples (after
+ * `warmup`) is timed with CUDA events after a barrier on the stream, into
+ * times_us[iters]. nvshmem only: MC_ERR_UNSUPPORTED on the cpu and p2p
+ * transports. */
 MC_API mc_result_t mc_comm_bench_dense_alltoall(mc_comm_t *comm, size_t bytes_per_peer, int warmup, int iters,
                                                 float *times_us);
 

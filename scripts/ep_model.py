@@ -49,9 +49,9 @@ LINK = dict(
 
 # Local cost of a phase: everything but the network, taken from moecomm's
 # measured EP2 whole phase on two H200s over NVLink (mc-bench --transport p2p
-# --whole, medians, 2026-11-30 22:31 UTC, docs/benchmarks.md): launches and
-# events (the 7.5 us floor of mc-bench --floor is inside), the prep, the
-# copies. Assumed not to grow with the world size (it does, a little: more
+# --whole -r 300, medians, 2026-11-30 22:31 UTC, the kernels of 79a57a7;
+# docs/multi-node.md says where the raw data is): launches and events (the
+# 7.5 us floor of mc-bench --floor is inside), the prep, the copies. Assumed not to grow with the world size (it does, a little: more
 # records to copy in).
 LOCAL_US = {"dispatch": {1: 24.3, 128: 30.6}, "combine": {1: 17.6, 128: 24.4}}
 
@@ -64,12 +64,12 @@ PUBLISHED = {
 }
 
 # What mc-bench counted on the cpu transport (bytes per rank per round, the
-# library's own counters), this project's 2-core CI-class machine (no GPU),
-# 2026-11-30, build: cmake -S . -B /tmp/bmn -DMC_CUDA=OFF && cmake --build /tmp/bmn.
+# library's own counters), a machine like the one CI uses (2 cores, no GPU),
+# 2026-11-30, build: cmake -S . -B build -DMC_CUDA=OFF && cmake --build build.
 # Uniform random routing, seed 1, averaged over 26 rounds of every rank.
 MEASURED = [
-    dict(cmd="/tmp/bmn/mc-bench -n 8 -t 128 --json", world=8, tokens=128, dispatch=5087313, combine=9716844),
-    dict(cmd="/tmp/bmn/mc-bench -n 16 -e 256 --json", world=16, tokens=128, dispatch=6273307, combine=11982380),
+    dict(cmd="./build/mc-bench -n 8 -t 128 --json", world=8, tokens=128, dispatch=5087313, combine=9716844),
+    dict(cmd="./build/mc-bench -n 16 -e 256 --json", world=16, tokens=128, dispatch=6273307, combine=11982380),
 ]
 # Sampling noise of those figures is about 0.1% (26 x W x 128 tokens); the check allows 0.5%.
 BYTE_TOLERANCE = 0.005

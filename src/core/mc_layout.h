@@ -136,7 +136,8 @@ MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
  * expert, then a 64-bit digest of the round's inputs of the source's group
  * (m, indices, weights; two uint32 from word mc_meta_digest_word): the
  * ranks of a group must pass the same, and a receiver compares the members'
- * digests (cpu transport; the GPU kernels leave the words alone). */
+ * digests (every transport; a group of one rank has nothing to compare, so
+ * nothing reads its digest words). */
 MC_HD int mc_meta_digest_word(const mc_shape_t *s) { return 1 + mc_num_local_experts(s); }
 MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
   return mc_align_up((3 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
