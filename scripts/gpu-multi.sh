@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-multi.sh - the several-GPU run, in one call, on a machine
+# gpu-multi.sh - the several-GPU run, in one go, on a machine
 # with N >= 2 GPUs:
 #  1. every GPU test over nvshmem and over p2p with one rank per GPU
 #     (MC_TEST_MAX_WORLD=N caps the tests' ranks at N);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|pplx|probe|trace|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one call:
+# gpu-run.sh [quick|full|tests|pplx|probe|trace|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one run:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
