@@ -203,7 +203,8 @@ typedef struct mc_comm_config {
   unsigned int version;     /* MC_VERSION, set by the initializer */
   int group_size;           /* ranks that hold the same tokens; divides world_size. Default 1 */
   mc_transport_t transport; /* default MC_TRANSPORT_AUTO */
-  int timeout_ms;           /* bound of every wait, ms; 0: MC_TIMEOUT_MS from the environment, else 10000 */
+  int timeout_ms;           /* bound of every wait, ms, at most 86400000 (a day); 0: MC_TIMEOUT_MS from the
+                               environment, else 10000 */
   int device;               /* CUDA device of this rank for GPU transports; -1: current */
 } mc_comm_config_t;
 
@@ -215,8 +216,11 @@ typedef struct mc_comm_config {
  * offer: with a GPU, p2p when every rank can map every peer's memory (one
  * host), else nvshmem; without, cpu; mc_comm_transport() says which). The
  * comm keeps a copy of *oob and uses its allgather here and in
- * mc_a2a_create; the oob must stay alive until mc_comm_destroy returns. On
- * failure *out is NULL and mc_last_error() has the details. */
+ * mc_a2a_create; the oob must stay alive until mc_comm_destroy returns. A
+ * rank whose config breaks a rule still takes part in the exchange (given
+ * a usable oob), so its peers fail at once naming it, and every rank's
+ * retry meets the others' retry. On failure *out is NULL and
+ * mc_last_error() has the details. */
 MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config,
                                   mc_comm_t **out);
 
@@ -268,7 +272,9 @@ typedef struct mc_a2a_config {
 
 /* Collective over the communicator: every rank passes the same config (a
  * rank that differs makes every rank fail, naming the field and both
- * values). Allocates the receive buffers (see mc_a2a_stats_t.buffer_bytes)
+ * values; a rank whose config breaks a rule still takes part, so its peers
+ * fail at once naming it, and every rank's retry meets the others' retry).
+ * Allocates the receive buffers (see mc_a2a_stats_t.buffer_bytes)
  * and exchanges their addresses; on the cpu transport every page of shared
  * memory is reserved here, so too little memory is MC_ERR_SYSTEM now, never
  * a crash later. On failure *out is NULL and mc_last_error() and

@@ -219,6 +219,97 @@ int test_config_mismatch_named(void) {
   return 0;
 }
 
+/* ---- a config one rank refuses: every rank fails, and retries meet ----
+ * A rank whose own config fails its checks must still take part in the
+ * create's exchange: its peers fail at once naming it (not a bootstrap
+ * timeout), and a retry with a good config pairs with the peers' retry,
+ * not with their first call. */
+static int refused_body(trun_t *t, int rank, mc_comm_t *comm) {
+  mc_a2a_config_t ac = small_config();
+  if (rank == 1) ac.num_experts = 3; /* not a multiple of the world size */
+  mc_a2a_t *a2a = NULL;
+  t->rc[rank] = mc_a2a_create(comm, &ac, &a2a);
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_last_error());
+  if (a2a) mc_a2a_destroy(a2a);
+  ac = small_config(); /* the retry, with the good config on every rank */
+  a2a = NULL;
+  const mc_result_t again = mc_a2a_create(comm, &ac, &a2a);
+  if (again != MC_SUCCESS) {
+    t->rc[rank] = MC_ERR_INTERNAL;
+    snprintf(t->msg[rank], sizeof t->msg[0], "the retry failed: %s", mc_last_error());
+  }
+  if (a2a) mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_config_refused_joins(void) {
+  trun_t t = {.world = 2, .group = 1, .timeout_ms = 2000, .body = refused_body};
+  MC_CHECK(trun(&t) == 0);
+  for (int r = 0; r < 2; r++) fprintf(stderr, "rank %d: %s\n", r, t.msg[r]);
+  MC_CHECK_MSG(t.rc[1] == MC_ERR_INVALID_ARG && strstr(t.msg[1], "num_experts") != NULL, "%s", t.msg[1]);
+  MC_CHECK_MSG(t.rc[0] == MC_ERR_INVALID_ARG && strstr(t.msg[0], "rank 1 refused") != NULL, "%s", t.msg[0]);
+  return 0;
+}
+
+/* The same for the communicator: rank 1 asks for a negative timeout, then
+ * every rank retries with a good config. Also: a timeout above a day is
+ * refused (twice it must still fit the waits' arithmetic). */
+typedef struct {
+  mc_oob_threads_t *g;
+  int rank;
+  mc_result_t rc, again;
+  char msg[512];
+} comm_try_t;
+static void *comm_try(void *p) {
+  comm_try_t *a = p;
+  mc_oob_t oob;
+  mc_oob_threads_get(a->g, a->rank, &oob);
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.transport = MC_TRANSPORT_CPU;
+  cc.timeout_ms = a->rank == 1 ? -1 : 2000;
+  mc_comm_t *comm = NULL;
+  a->rc = mc_comm_create(&oob, &cc, &comm);
+  snprintf(a->msg, sizeof a->msg, "%s", mc_last_error());
+  if (comm) mc_comm_destroy(comm);
+  cc.timeout_ms = 2000;
+  comm = NULL;
+  a->again = mc_comm_create(&oob, &cc, &comm);
+  if (comm) mc_comm_destroy(comm);
+  return NULL;
+}
+int test_comm_config_refused_joins(void) {
+  comm_try_t a[2];
+  pthread_t th[2];
+  mc_oob_threads_t *g;
+  MC_CHECK_OK(mc_oob_threads_create(2, 5000, &g));
+  for (int r = 0; r < 2; r++) {
+    a[r] = (comm_try_t){.g = g, .rank = r};
+    pthread_create(&th[r], NULL, comm_try, &a[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  mc_oob_threads_destroy(g);
+  for (int r = 0; r < 2; r++) fprintf(stderr, "rank %d: %s (retry %d)\n", r, a[r].msg, (int)a[r].again);
+  MC_CHECK_MSG(a[1].rc == MC_ERR_INVALID_ARG && strstr(a[1].msg, "timeout_ms=-1") != NULL, "%s", a[1].msg);
+  MC_CHECK_MSG(a[0].rc == MC_ERR_INVALID_ARG && strstr(a[0].msg, "rank 1 refused") != NULL, "%s", a[0].msg);
+  MC_CHECK(a[0].again == MC_SUCCESS && a[1].again == MC_SUCCESS);
+
+  mc_oob_threads_t *one;
+  MC_CHECK_OK(mc_oob_threads_create(1, 1000, &one));
+  mc_oob_t oob;
+  MC_CHECK_OK(mc_oob_threads_get(one, 0, &oob));
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.transport = MC_TRANSPORT_CPU;
+  cc.timeout_ms = 86400001;
+  mc_comm_t *comm = NULL;
+  MC_CHECK_RC(mc_comm_create(&oob, &cc, &comm), MC_ERR_INVALID_ARG);
+  MC_CHECK_MSG(strstr(mc_last_error(), "timeout_ms=86400001") != NULL, "%s", mc_last_error());
+  cc.timeout_ms = 86400000;
+  MC_CHECK_OK(mc_comm_create(&oob, &cc, &comm));
+  MC_CHECK_OK(mc_comm_destroy(comm));
+  mc_oob_threads_destroy(one);
+  return 0;
+}
+
 /* ---- the ranks of a group pass different weights ---- */
 static int group_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_a2a_config_t ac = small_config();

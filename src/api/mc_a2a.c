@@ -133,13 +133,30 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
   return rc;
 }
 
+/* A rank whose config fails its own checks still joins the exchange of
+ * configs, with this one: its peers then fail at once, naming it, and every
+ * rank's next create meets its peers' next create (a rank that returned
+ * early would leave them waiting, or pair its retry with their first call). */
+static mc_result_t join_refused(mc_comm_t *comm, mc_result_t rc) {
+  mc_a2a_config_t none, *all = malloc(sizeof none * (size_t)comm->world_size);
+  memset(&none, 0, sizeof none); /* size 0: refused */
+  char keep[sizeof comm->err];
+  memcpy(keep, comm->err, sizeof keep); /* this rank's own reason, not the exchange's */
+  if (all) mc_comm_allgather(comm, &none, all, sizeof none);
+  free(all);
+  memcpy(comm->err, keep, sizeof keep);
+  return rc;
+}
+
 static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a_t **out) {
-  if (!config) return mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_A2A_CONFIG_INITIALIZER)");
+  if (!config)
+    return join_refused(comm, mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_A2A_CONFIG_INITIALIZER)"));
   mc_result_t rc = check_config(comm->err, comm, config);
-  if (rc != MC_SUCCESS) return rc;
+  if (rc != MC_SUCCESS) return join_refused(comm, rc);
   const mc_transport_ops_t *ops = mc_transport_ops(comm->transport);
-  if (!ops) return mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no transport '%s' in this build",
-                           mc_transport_name(comm->transport));
+  if (!ops)
+    return join_refused(comm, mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no transport '%s' in this build",
+                                      mc_transport_name(comm->transport)));
 
   /* The same config on every rank, or buffers would be carved differently.
    * Copied field by field into a zeroed struct: padding bytes must not make
@@ -162,7 +179,11 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
-    if (memcmp(&all[r], &mine, sizeof mine) != 0) rc = config_mismatch(comm, r, &all[r], &mine);
+    if (all[r].size == 0)
+      rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                   "rank %d refused its own all-to-all config (its mc_last_error() says why)", r);
+    else if (memcmp(&all[r], &mine, sizeof mine) != 0)
+      rc = config_mismatch(comm, r, &all[r], &mine);
   free(all);
   if (rc != MC_SUCCESS) return rc;
 

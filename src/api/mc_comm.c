@@ -34,6 +34,7 @@ mc_result_t mc_comm_barrier(mc_comm_t *comm) {
 /* What every rank must agree on, compared after one allgather. */
 typedef struct {
   int world_size, group_size, transport, version;
+  int refused; /* this rank's own checks failed: it joins the exchange only so that its peers fail too */
 } comm_agreement_t;
 
 int mc_verbose(void) {
@@ -121,48 +122,70 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   if (!out) return mc_fail_tls(MC_ERR_INVALID_ARG, "out is NULL");
   *out = NULL;
   if (!oob || !oob->allgather) return mc_fail_tls(MC_ERR_INVALID_ARG, "oob or oob->allgather is NULL");
-  if (!config) return mc_fail_tls(MC_ERR_INVALID_ARG, "config is NULL (use MC_COMM_CONFIG_INITIALIZER)");
-  if (config->size < sizeof(mc_comm_config_t) || config->version / 100 != MC_VERSION / 100)
-    return mc_fail_tls(MC_ERR_INVALID_ARG,
-                       "config->size=%zu / version=%u do not match this library (%zu / %d): "
-                       "start from MC_COMM_CONFIG_INITIALIZER",
-                       config->size, config->version, sizeof(mc_comm_config_t), MC_VERSION);
   if (oob->world_size < 1 || oob->world_size > 65535)
     return mc_fail_tls(MC_ERR_INVALID_ARG, "oob->world_size=%d is not in 1..65535", oob->world_size);
   if (oob->rank < 0 || oob->rank >= oob->world_size)
     return mc_fail_tls(MC_ERR_INVALID_ARG, "oob->rank=%d is not in 0..%d", oob->rank, oob->world_size - 1);
-  if (config->group_size < 1 || oob->world_size % config->group_size != 0)
-    return mc_fail_tls(MC_ERR_INVALID_ARG, "config->group_size=%d does not divide world_size=%d",
-                       config->group_size, oob->world_size);
-  if (config->timeout_ms < 0)
-    return mc_fail_tls(MC_ERR_INVALID_ARG, "config->timeout_ms=%d is negative", config->timeout_ms);
-  const char *bad_param = NULL;
-  const mc_params_t *params = mc_params(&bad_param);
-  if (!params) return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_comm_create: %s", bad_param);
-  mc_transport_t transport = MC_TRANSPORT_CPU;
-  mc_result_t rc = mc_transport_pick(config->transport, &transport);
-  if (rc != MC_SUCCESS) return rc;
-
+  /* From here on a rank whose own checks fail still joins the exchange
+   * below, marked as refused: its peers then fail at once, naming it, and
+   * every rank's next create meets its peers' next create (a rank that
+   * returned early would leave them waiting, or pair its retry with their
+   * first call). */
   mc_comm_t *comm = calloc(1, sizeof *comm);
   if (!comm) return mc_fail_tls(MC_ERR_SYSTEM, "out of host memory");
   comm->rank = oob->rank;
   comm->world_size = oob->world_size;
-  comm->group_size = config->group_size;
-  comm->transport = transport;
-  comm->timeout_ms = config->timeout_ms ? config->timeout_ms : params->timeout_ms;
-  comm->device = config->device;
   comm->oob = *oob;
+  mc_result_t rc = MC_SUCCESS;
+  const char *bad_param = NULL;
+  const mc_params_t *params = NULL;
+  mc_transport_t transport = MC_TRANSPORT_CPU;
+  if (!config)
+    rc = mc_fail(comm->err, MC_ERR_INVALID_ARG, "config is NULL (use MC_COMM_CONFIG_INITIALIZER)");
+  else if (config->size < sizeof(mc_comm_config_t) || config->version / 100 != MC_VERSION / 100)
+    rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                 "config->size=%zu / version=%u do not match this library (%zu / %d): "
+                 "start from MC_COMM_CONFIG_INITIALIZER",
+                 config->size, config->version, sizeof(mc_comm_config_t), MC_VERSION);
+  else if (config->group_size < 1 || oob->world_size % config->group_size != 0)
+    rc = mc_fail(comm->err, MC_ERR_INVALID_ARG, "config->group_size=%d does not divide world_size=%d",
+                 config->group_size, oob->world_size);
+  else if (config->timeout_ms < 0 || config->timeout_ms > MC_TIMEOUT_MS_MAX)
+    rc = mc_fail(comm->err, MC_ERR_INVALID_ARG, "config->timeout_ms=%d is not in 0..%d (0: MC_TIMEOUT_MS)",
+                 config->timeout_ms, MC_TIMEOUT_MS_MAX);
+  else if (!(params = mc_params(&bad_param)))
+    rc = mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_comm_create: %s", bad_param);
+  else if ((rc = mc_transport_pick(config->transport, &transport)) != MC_SUCCESS)
+    snprintf(comm->err, sizeof comm->err, "%s", mc_last_error());
+  const int refused = rc != MC_SUCCESS;
+  if (!refused) {
+    comm->group_size = config->group_size;
+    comm->timeout_ms = config->timeout_ms ? config->timeout_ms : params->timeout_ms;
+    comm->device = config->device;
+  }
+  comm->transport = transport;
 
   /* Every rank must agree, or the first dispatch would corrupt memory. */
   comm_agreement_t mine;
   memset(&mine, 0, sizeof mine);
   mine.world_size = comm->world_size, mine.group_size = comm->group_size, mine.transport = (int)transport;
   mine.version = MC_VERSION;
+  mine.refused = refused;
   comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
-  if (!all) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
-  if (rc == MC_SUCCESS) rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
+  if (!all) {
+    if (!refused) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  } else {
+    char keep[sizeof comm->err];
+    memcpy(keep, comm->err, sizeof keep);
+    const mc_result_t ag = mc_comm_allgather(comm, &mine, all, sizeof mine);
+    if (refused) memcpy(comm->err, keep, sizeof keep); /* this rank's own reason, not the exchange's */
+    else rc = ag;
+  }
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
-    if (memcmp(&all[r], &mine, sizeof mine) != 0)
+    if (all[r].refused)
+      rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
+                   "rank %d refused its own communicator config (its mc_last_error() says why)", r);
+    else if (memcmp(&all[r], &mine, sizeof mine) != 0)
       rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,
                    "rank %d disagrees with rank %d: world_size %d/%d, group_size %d/%d, "
                    "transport %d/%d, version %d/%d",

@@ -20,8 +20,8 @@ typedef struct param {
 static int parse_timeout(const char *v, mc_params_t *p, const char **must) {
   char *end;
   long t = strtol(v, &end, 10);
-  *must = "an integer number of milliseconds in 1..86400000";
-  if (*v == '\0' || *end != '\0' || t < 1 || t > 86400000L) return -1;
+  *must = "an integer number of milliseconds in 1..86400000 (MC_TIMEOUT_MS_MAX)";
+  if (*v == '\0' || *end != '\0' || t < 1 || t > MC_TIMEOUT_MS_MAX) return -1;
   p->timeout_ms = (int)t;
   return 0;
 }

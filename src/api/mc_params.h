@@ -8,6 +8,10 @@
 
 #include <stdio.h>
 
+/* The longest wait for a peer anyone may ask for (a day, in ms): twice it
+ * still fits an int, and a wait meant to be bounded stays so. */
+#define MC_TIMEOUT_MS_MAX 86400000
+
 typedef struct mc_params {
   int timeout_ms;          /* MC_TIMEOUT_MS */
   int verbose;             /* MC_VERBOSE */
