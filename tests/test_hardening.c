@@ -310,6 +310,45 @@ int test_comm_config_refused_joins(void) {
   return 0;
 }
 
+/* ---- barrier counts lined up again by a mask call ----
+ * Rank 2 stalls while ranks 0 and 1 call mc_a2a_barrier (which times out,
+ * counted on their side only); they mask rank 2, it comes back, every rank
+ * clears the mask: later barriers of all three must pass. */
+static mc_result_t rejoin_barrier(mc_a2a_t *a2a) { return mc_a2a_barrier(a2a, NULL); }
+static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
+  pthread_barrier_t *all = t->shared;
+  mc_a2a_config_t ac = small_config();
+  ac.num_experts = 3;
+  ac.experts_per_token = 1;
+  mc_a2a_t *a2a = NULL;
+  mc_result_t rc = mc_a2a_create(comm, &ac, &a2a);
+  const uint8_t without2[3] = {0, 0, 1}, none[3] = {0, 0, 0};
+  if (rc == MC_SUCCESS && rank != 2) {
+    if (rejoin_barrier(a2a) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
+    else rc = mc_a2a_mask_ranks(a2a, without2);
+  }
+  pthread_barrier_wait(all); /* rank 2 comes back */
+  if (rc == MC_SUCCESS) rc = mc_a2a_mask_ranks(a2a, none);
+  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = rejoin_barrier(a2a);
+  t->rc[rank] = rc;
+  snprintf(t->msg[rank], sizeof t->msg[0], "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
+  if (a2a) mc_a2a_destroy(a2a);
+  mc_comm_destroy(comm);
+  return 0;
+}
+int test_barrier_after_rejoin(void) {
+  pthread_barrier_t all;
+  pthread_barrier_init(&all, NULL, 3);
+  trun_t t = {.world = 3, .group = 1, .timeout_ms = 200, .body = rejoin_body, .shared = &all};
+  MC_CHECK(trun(&t) == 0);
+  pthread_barrier_destroy(&all);
+  for (int r = 0; r < 3; r++) {
+    fprintf(stderr, "rank %d: %s %s\n", r, mc_result_string(t.rc[r]), t.msg[r]);
+    MC_CHECK_MSG(t.rc[r] == MC_SUCCESS, "rank %d: %s", r, t.msg[r]);
+  }
+  return 0;
+}
+
 /* ---- the ranks of a group pass different weights ---- */
 static int group_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_a2a_config_t ac = small_config();

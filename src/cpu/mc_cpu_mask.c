@@ -13,6 +13,10 @@
  *    kept peer's running totals as consumed (a round cut short leaves
  *    records or rows counted but unread) and goes on from the largest
  *    round any of them reached.
+ *    Barrier counts are lined up the same way: each rank writes its count
+ *    with each kept peer (MC_SIG_BARRIER) before step 1 and then takes the
+ *    larger of its own and the peer's, the same number on both sides (a
+ *    barrier that timed out counted on one side only).
  * 2. "taken in": nobody sends again before every kept rank has done that,
  *    or a fast rank's next round would be swallowed by a slow one's step.
  * The waits last up to twice the comm's timeout: each rank comes here
@@ -45,10 +49,12 @@ static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
 mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
   const mc_shape_t *s = &a2a->shape;
   const int W = s->world_size;
+  uint64_t *barriers = mc_cpu(a2a)->barriers;
   for (int p = 0; p < W; p++)
     if (!mask[p]) {
       a2a->mask_calls[p]++;
       mc_cpu_signal(a2a, p, MC_SIG_RESYNC_ROUND, a2a->round, MC_SIG_SET);
+      mc_cpu_signal(a2a, p, MC_SIG_BARRIER, barriers[p], MC_SIG_SET);
     }
   mc_result_t rc = step(a2a, mask, 1);
   if (rc != MC_SUCCESS) return rc;
@@ -59,6 +65,8 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
     if (r > round) round = r;
     seen[MC_SIG_DISP_RECS * W + p] = signal_from(a2a, MC_SIG_DISP_RECS, p);
     seen[MC_SIG_COMB_ROWS * W + p] = signal_from(a2a, MC_SIG_COMB_ROWS, p);
+    const uint64_t b = signal_from(a2a, MC_SIG_BARRIER, p);
+    if (b > barriers[p]) barriers[p] = b;
   }
   a2a->round = round;
   return step(a2a, mask, 2);
