@@ -2,7 +2,9 @@
  * window larger than the memory left, handles used after destroy, a rank
  * that destroys early while a peer thread still writes into its window,
  * the first failure's text kept after an abort, configs and group inputs
- * that disagree, and a timeout that names the dead rank at the root. */
+ * that disagree, a config one rank refuses (its peers fail naming it, and
+ * retries meet), barrier counts lined up again when a rank rejoins, and a
+ * timeout that names the dead rank at the root. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
