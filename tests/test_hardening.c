@@ -316,7 +316,6 @@ int test_comm_config_refused_joins(void) {
  * Rank 2 stalls while ranks 0 and 1 call mc_a2a_barrier (which times out,
  * counted on their side only); they mask rank 2, it comes back, every rank
  * clears the mask: later barriers of all three must pass. */
-static mc_result_t rejoin_barrier(mc_a2a_t *a2a) { return mc_a2a_barrier(a2a, NULL); }
 static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
   pthread_barrier_t *all = t->shared;
   mc_a2a_config_t ac = small_config();
@@ -326,12 +325,12 @@ static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_result_t rc = mc_a2a_create(comm, &ac, &a2a);
   const uint8_t without2[3] = {0, 0, 1}, none[3] = {0, 0, 0};
   if (rc == MC_SUCCESS && rank != 2) {
-    if (rejoin_barrier(a2a) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
+    if (mc_a2a_barrier(a2a, NULL) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
     else rc = mc_a2a_mask_ranks(a2a, without2);
   }
   pthread_barrier_wait(all); /* rank 2 comes back */
   if (rc == MC_SUCCESS) rc = mc_a2a_mask_ranks(a2a, none);
-  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = rejoin_barrier(a2a);
+  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = mc_a2a_barrier(a2a, NULL);
   t->rc[rank] = rc;
   snprintf(t->msg[rank], sizeof t->msg[0], "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
   if (a2a) mc_a2a_destroy(a2a);

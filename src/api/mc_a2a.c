@@ -133,18 +133,13 @@ mc_result_t mc_a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc_a2a
   return rc;
 }
 
-/* A rank whose config fails its own checks still joins the exchange of
- * configs, with this one: its peers then fail at once, naming it, and every
- * rank's next create meets its peers' next create (a rank that returned
- * early would leave them waiting, or pair its retry with their first call). */
+/* A config that fails this rank's checks: the exchange of configs gets one
+ * of size 0 (mc_comm_join_refused; a rank that returned early would leave
+ * its peers waiting, or pair its retry with their first call). */
 static mc_result_t join_refused(mc_comm_t *comm, mc_result_t rc) {
-  mc_a2a_config_t none, *all = malloc(sizeof none * (size_t)comm->world_size);
-  memset(&none, 0, sizeof none); /* size 0: refused */
-  char keep[sizeof comm->err];
-  memcpy(keep, comm->err, sizeof keep); /* this rank's own reason, not the exchange's */
-  if (all) mc_comm_allgather(comm, &none, all, sizeof none);
-  free(all);
-  memcpy(comm->err, keep, sizeof keep);
+  mc_a2a_config_t none;
+  memset(&none, 0, sizeof none);
+  mc_comm_join_refused(comm, &none, sizeof none);
   return rc;
 }
 

@@ -22,6 +22,15 @@ mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, siz
   return MC_SUCCESS;
 }
 
+void mc_comm_join_refused(mc_comm_t *comm, const void *mine, size_t bytes) {
+  void *all = malloc(bytes * (size_t)comm->world_size);
+  char keep[sizeof comm->err];
+  memcpy(keep, comm->err, sizeof keep);
+  if (all) (void)mc_comm_allgather(comm, mine, all, bytes);
+  free(all);
+  memcpy(comm->err, keep, sizeof keep); /* this rank's own reason, not the exchange's */
+}
+
 mc_result_t mc_comm_barrier(mc_comm_t *comm) {
   int one = 1;
   int *all = malloc(sizeof(int) * (size_t)comm->world_size);
@@ -171,16 +180,12 @@ mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config, 
   mine.world_size = comm->world_size, mine.group_size = comm->group_size, mine.transport = (int)transport;
   mine.version = MC_VERSION;
   mine.refused = refused;
-  comm_agreement_t *all = malloc(sizeof mine * (size_t)comm->world_size);
-  if (!all) {
-    if (!refused) rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
-  } else {
-    char keep[sizeof comm->err];
-    memcpy(keep, comm->err, sizeof keep);
-    const mc_result_t ag = mc_comm_allgather(comm, &mine, all, sizeof mine);
-    if (refused) memcpy(comm->err, keep, sizeof keep); /* this rank's own reason, not the exchange's */
-    else rc = ag;
-  }
+  comm_agreement_t *all = NULL;
+  if (refused) mc_comm_join_refused(comm, &mine, sizeof mine);
+  else if (!(all = malloc(sizeof mine * (size_t)comm->world_size)))
+    rc = mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
+  else
+    rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
     if (all[r].refused)
       rc = mc_fail(comm->err, MC_ERR_INVALID_ARG,

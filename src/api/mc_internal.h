@@ -120,6 +120,11 @@ mc_result_t mc_transport_settle(mc_comm_t *comm, mc_transport_t *got, char *why,
 /* Collective helpers over the comm's oob, with the failure written to comm->err. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes);
 mc_result_t mc_comm_barrier(mc_comm_t *comm);
+/* A create whose own checks failed still joins the peers' exchange, with
+ * `mine` marked as refused (bytes each): they fail at once naming this
+ * rank, and every rank's next create meets the others' next create.
+ * comm->err keeps this rank's reason. */
+void mc_comm_join_refused(mc_comm_t *comm, const void *mine, size_t bytes);
 /* 1 when MC_VERBOSE=1: rank 0 then says on stderr what was chosen (transport, grid, launches) */
 int mc_verbose(void);
 /* FNV-1a of the host name (or of $MC_HOST_ID): ranks on one host give the same value */
