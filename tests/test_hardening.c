@@ -3,8 +3,9 @@
  * that destroys early while a peer thread still writes into its window,
  * the first failure's text kept after an abort, configs and group inputs
  * that disagree, a config one rank refuses (its peers fail naming it, and
- * retries meet), barrier counts lined up again when a rank rejoins, and a
- * timeout that names the dead rank at the root. */
+ * retries meet), barrier counts lined up again when a rank rejoins (also
+ * on a GPU, ranks as processes over p2p), and a timeout that names the dead
+ * rank at the root. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "mc_ref_dev.h"
 #include "mc_test.h"
+#include "mc_test_procs.h"
 
 /* A few ranks as threads, each running `body(rank, comm)` on a fresh
  * communicator; the results in rc[] and texts in msg[]. */
@@ -314,10 +317,17 @@ int test_comm_config_refused_joins(void) {
 
 /* ---- barrier counts lined up again by a mask call ----
  * Rank 2 stalls while ranks 0 and 1 call mc_a2a_barrier (which times out,
- * counted on their side only); they mask rank 2, it comes back, every rank
- * clears the mask: later barriers of all three must pass. */
-static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
-  pthread_barrier_t *all = t->shared;
+ * counted on their side only); they mask rank 2 and pass one more barrier
+ * without it; it comes back, every rank clears the mask: later barriers of
+ * all three must pass. On a GPU the barrier is a kernel: its failure shows
+ * once the stream is done. come_back(arg) returns when rank 2 is back. */
+static mc_result_t barrier_done(mc_a2a_t *a2a, int gpu) {
+  mc_result_t rc = mc_a2a_barrier(a2a, mc_dev_stream());
+  if (rc != MC_SUCCESS || !gpu) return rc;
+  return mc_dev_sync(1) == 0 ? mc_a2a_check(a2a) : MC_ERR_CUDA;
+}
+static mc_result_t rejoin_steps(mc_comm_t *comm, int rank, int gpu, void (*come_back)(void *, int), void *arg,
+                                char *msg, size_t len) {
   mc_a2a_config_t ac = small_config();
   ac.num_experts = 3;
   ac.experts_per_token = 1;
@@ -325,15 +335,23 @@ static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
   mc_result_t rc = mc_a2a_create(comm, &ac, &a2a);
   const uint8_t without2[3] = {0, 0, 1}, none[3] = {0, 0, 0};
   if (rc == MC_SUCCESS && rank != 2) {
-    if (mc_a2a_barrier(a2a, NULL) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
+    if (barrier_done(a2a, gpu) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
     else rc = mc_a2a_mask_ranks(a2a, without2);
+    if (rc == MC_SUCCESS) rc = barrier_done(a2a, gpu); /* one that rank 2 misses while masked */
   }
-  pthread_barrier_wait(all); /* rank 2 comes back */
+  come_back(arg, rank);
   if (rc == MC_SUCCESS) rc = mc_a2a_mask_ranks(a2a, none);
-  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = mc_a2a_barrier(a2a, NULL);
-  t->rc[rank] = rc;
-  snprintf(t->msg[rank], sizeof t->msg[0], "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
+  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = barrier_done(a2a, gpu);
+  snprintf(msg, len, "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
   if (a2a) mc_a2a_destroy(a2a);
+  return rc;
+}
+static void threads_meet(void *all, int rank) {
+  (void)rank;
+  pthread_barrier_wait(all);
+}
+static int rejoin_body(trun_t *t, int rank, mc_comm_t *comm) {
+  t->rc[rank] = rejoin_steps(comm, rank, 0, threads_meet, t->shared, t->msg[rank], sizeof t->msg[0]);
   mc_comm_destroy(comm);
   return 0;
 }
@@ -347,6 +365,53 @@ int test_barrier_after_rejoin(void) {
     fprintf(stderr, "rank %d: %s %s\n", r, mc_result_string(t.rc[r]), t.msg[r]);
     MC_CHECK_MSG(t.rc[r] == MC_SUCCESS, "rank %d: %s", r, t.msg[r]);
   }
+  return 0;
+}
+
+/* The same on a GPU (p2p), ranks as processes (several on one GPU under
+ * MPS, scripts/mc-launch.sh): a mask call synchronises the device, which
+ * ranks that are threads of one process on one GPU would share. Rank 2
+ * comes back 1.5 s after create; ranks 0 and 1 reach the mask call after
+ * their barrier's timeout of 1 s and wait up to 2 s there. */
+static void gpu_rank2_later(void *arg, int rank) {
+  (void)arg;
+  if (rank == 2) mc_proc_sleep_ms(1500);
+}
+static int gpu_rejoin_child(const mc_proc_ctx_t *c, int p) {
+  mc_oob_socket_t *s = NULL;
+  mc_oob_t oob;
+  mc_comm_t *comm = NULL;
+  mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
+  cc.transport = MC_TRANSPORT_P2P;
+  cc.timeout_ms = c->timeout_ms;
+  cc.device = mc_dev_select(p);
+  char msg[512] = "";
+  if (cc.device < 0 || mc_oob_socket_create(&c->id, p, c->world, 20000, &s) != MC_SUCCESS ||
+      mc_oob_socket_get(s, &oob) != MC_SUCCESS || mc_comm_create(&oob, &cc, &comm) != MC_SUCCESS) {
+    fprintf(stderr, "rank %d: setup: %s\n", p, mc_last_error());
+    return 2;
+  }
+  mc_result_t rc = rejoin_steps(comm, p, 1, gpu_rank2_later, NULL, msg, sizeof msg);
+  fprintf(stderr, "rank %d: %s %s\n", p, mc_result_string(rc), msg);
+  mc_comm_destroy(comm);
+  mc_oob_socket_destroy(s);
+  return rc == MC_SUCCESS ? 0 : 1;
+}
+int test_gpu_barrier_after_rejoin(void) {
+  pid_t probe = fork(); /* CUDA must not start in the parent of the ranks */
+  if (probe == 0) _exit(mc_dev_have_cuda() ? 0 : 1);
+  int st = 1;
+  waitpid(probe, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    printf("skipped: no CUDA device visible, or this build has no GPU transport\n");
+    return 77;
+  }
+  mc_proc_ctx_t c;
+  mc_proc_world(&c, 3, 1000);
+  MC_CHECK_OK(mc_unique_id_create(&c.id));
+  int codes[3];
+  MC_CHECK(mc_proc_run(&c, gpu_rejoin_child, 60000, codes) == 0);
+  for (int r = 0; r < 3; r++) MC_CHECK_MSG(codes[r] == 0, "rank %d ended with %d", r, codes[r]);
   return 0;
 }
 

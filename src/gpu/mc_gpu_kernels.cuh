@@ -326,16 +326,24 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   const int W = s->world_size, tid = threadIdx.x;
   uint64_t *calls = (uint64_t *)(a.ws + mc_ws_mask_calls_off(s)), *seen = (uint64_t *)(a.ws + mc_ws_seen_off(s));
   uint64_t *drecv_round = mc_ws_scalar64(&a, MC_WS_DRECV_ROUND);
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   __shared__ unsigned long long round;
+  __shared__ unsigned int barriers;
   __shared__ int abort_;
   if (tid == 0) {
     round = max(*mc_ws_round(&a), *drecv_round); /* dispatch-recv's may lag dispatch-send's in a broken round */
+    barriers = sc[MC_WS_BARRIERS];
     abort_ = 0;
   }
   __syncthreads();
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) {
       calls[p]++;
+      /* this rank's barrier count, again: a barrier that timed out counted
+       * on the ranks that called it only; every kept rank takes the largest
+       * below (one count for all peers here, where the cpu transport keeps
+       * one a peer), so their next barriers carry the same number */
+      mc_signal_set(a, p, MC_SIG_BARRIER, barriers);
       mc_signal_set(a, p, MC_SIG_RESYNC_ROUND, round); /* release order: seen before the step */
       mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
     }
@@ -351,13 +359,15 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
       atomicMax(&round, (unsigned long long)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC_ROUND, p)));
       seen[MC_SIG_DISP_RECS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, p));
       seen[MC_SIG_COMB_ROWS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, p));
+      atomicMax(&barriers, (unsigned int)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_BARRIER, p)));
     }
   __syncthreads();
   if (tid == 0) {
     *mc_ws_round(&a) = round;
+    sc[MC_WS_BARRIERS] = barriers;
     *drecv_round = round;
     *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
-    mc_ws_u32(&a, mc_ws_scalars_off(s))[MC_WS_BAD] = 0;
+    sc[MC_WS_BAD] = 0;
   }
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
