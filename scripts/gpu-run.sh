@@ -180,13 +180,14 @@ fi
 run_test() { # name [VAR=value ...]: the test, under the environment given
   local t=$1 s tag launch=$L; shift; s=$(date +%s); tag=$t${1:+-${1%%=*}}
   # one process on the whole GPU: ranks as threads (under MPS it would get one
-  # rank's share), and the tests of one GPU's arithmetic
-  case $t in gpu_p2p_threads|gpu_quant_values|gpu_quant_division) launch="scripts/mc-launch.sh 1 --" ;; esac
+  # rank's share), the tests of one GPU's arithmetic, and the tests that fork
+  # their own ranks (which then share the GPU by time slices)
+  case $t in gpu_p2p_threads|gpu_quant_values|gpu_quant_division|gpu_barrier_after_rejoin|gpu_mask_retry) launch="scripts/mc-launch.sh 1 --" ;; esac
   if env "$@" timeout "${TEST_TIMEOUT:-300}" $launch build-dev/mc_tests "$t" > "$out/test-$tag.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_quant_values gpu_quant_division"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done
@@ -195,7 +196,7 @@ for t in $tests; do run_test "$t"; done
 run_test gpu_ep_sizes MC_TEST_STAGED=1
 run_test gpu_ep_sizes MC_TEST_SYS_SCOPE=1
 # the same kernels over the p2p transport (CUDA IPC, no NVSHMEM)
-for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_p2p_threads|gpu_barrier_after_rejoin|gpu_quant_values|gpu_quant_division) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
+for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_p2p_threads|gpu_barrier_after_rejoin|gpu_mask_retry|gpu_quant_values|gpu_quant_division) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 
 if [ "$mode" = tests ]; then
   printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"

@@ -62,6 +62,11 @@ int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms,
  * the seed (in_combine: between its dispatch and its combine); the others
  * mask it and run `rounds` checked rounds. Shared with the GPU tests. */
 int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed);
+/* test_hardening.c: a small config (4 tokens, 4 experts, top-2, fp32
+ * combine), and mc_a2a_barrier with its outcome (on a GPU the barrier is a
+ * kernel: its failure shows once the stream is done). */
+mc_a2a_config_t mc_test_small_config(void);
+mc_result_t mc_test_barrier_done(mc_a2a_t *a2a, int gpu);
 
 /* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
 static inline uint64_t mc_test_rand(uint64_t *state) {

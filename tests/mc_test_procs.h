@@ -29,6 +29,9 @@ void mc_proc_sleep_ms(int ms);
  * killed. Waits at most wait_ms in all, then kills what is left; returns 0 if
  * every child ended by itself in time. */
 int mc_proc_run(const mc_proc_ctx_t *c, mc_proc_fn fn, int wait_ms, int *codes);
+/* Whether a child process sees a CUDA device this build can use (asked in
+ * a child: CUDA must not start in the parent of ranks it forks). */
+int mc_proc_cuda_seen(void);
 /* One world: process p is rank p, no delays. */
 void mc_proc_world(mc_proc_ctx_t *c, int world, int timeout_ms);
 /* Bytes that rank `rank` contributes to call `iter`, reproducible anywhere. */

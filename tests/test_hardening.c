@@ -65,7 +65,7 @@ static int trun(trun_t *t) {
   return 0;
 }
 
-static mc_a2a_config_t small_config(void) {
+mc_a2a_config_t mc_test_small_config(void) {
   mc_a2a_config_t ac = MC_A2A_CONFIG_INITIALIZER;
   ac.max_tokens = 4;
   ac.num_experts = 4;
@@ -79,7 +79,7 @@ static mc_a2a_config_t small_config(void) {
 
 /* ---- a window larger than the memory this process may take ---- */
 static int too_big_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   ac.max_tokens = 1 << 20;
   ac.token_bytes = (size_t)1 << 24; /* records of 16 MiB: terabytes of window */
   mc_a2a_t *a2a = NULL;
@@ -109,7 +109,7 @@ int test_use_after_destroy(void) {
   cc.transport = MC_TRANSPORT_CPU;
   mc_comm_t *comm;
   MC_CHECK_OK(mc_comm_create(&oob, &cc, &comm));
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   mc_a2a_t *a2a;
   MC_CHECK_OK(mc_a2a_create(comm, &ac, &a2a));
   MC_CHECK_OK(mc_a2a_destroy(a2a));
@@ -147,7 +147,7 @@ static void dispatch_then_close(trun_t *t, int rank, mc_comm_t *comm, mc_a2a_t *
 
 /* ---- a rank destroys at once; its peer thread dispatches into its window ---- */
 static int early_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   mc_a2a_t *a2a = NULL;
   if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
   if (rank == 0) { /* gone before the first round: its window stays while rank 1 may write */
@@ -170,7 +170,7 @@ int test_early_destroy(void) {
 
 /* ---- the first failure stays readable after MC_ERR_ABORTED ---- */
 static int abort_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   mc_a2a_t *a2a = NULL;
   if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
   int32_t idx[8] = {0, 1, 2, 3, 1, 2, 3, 0}, count[2];
@@ -203,7 +203,7 @@ int test_abort_keeps_first_error(void) {
 
 /* ---- configs that differ: the field and both values ---- */
 static int mismatch_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   if (rank == 1) ac.hidden = 48;
   mc_a2a_t *a2a = NULL;
   t->rc[rank] = mc_a2a_create(comm, &ac, &a2a);
@@ -230,13 +230,13 @@ int test_config_mismatch_named(void) {
  * timeout), and a retry with a good config pairs with the peers' retry,
  * not with their first call. */
 static int refused_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   if (rank == 1) ac.num_experts = 3; /* not a multiple of the world size */
   mc_a2a_t *a2a = NULL;
   t->rc[rank] = mc_a2a_create(comm, &ac, &a2a);
   snprintf(t->msg[rank], sizeof t->msg[0], "%s", mc_last_error());
   if (a2a) mc_a2a_destroy(a2a);
-  ac = small_config(); /* the retry, with the good config on every rank */
+  ac = mc_test_small_config(); /* the retry, with the good config on every rank */
   a2a = NULL;
   const mc_result_t again = mc_a2a_create(comm, &ac, &a2a);
   if (again != MC_SUCCESS) {
@@ -321,27 +321,27 @@ int test_comm_config_refused_joins(void) {
  * without it; it comes back, every rank clears the mask: later barriers of
  * all three must pass. On a GPU the barrier is a kernel: its failure shows
  * once the stream is done. come_back(arg) returns when rank 2 is back. */
-static mc_result_t barrier_done(mc_a2a_t *a2a, int gpu) {
+mc_result_t mc_test_barrier_done(mc_a2a_t *a2a, int gpu) {
   mc_result_t rc = mc_a2a_barrier(a2a, mc_dev_stream());
   if (rc != MC_SUCCESS || !gpu) return rc;
   return mc_dev_sync(1) == 0 ? mc_a2a_check(a2a) : MC_ERR_CUDA;
 }
 static mc_result_t rejoin_steps(mc_comm_t *comm, int rank, int gpu, void (*come_back)(void *, int), void *arg,
                                 char *msg, size_t len) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   ac.num_experts = 3;
   ac.experts_per_token = 1;
   mc_a2a_t *a2a = NULL;
   mc_result_t rc = mc_a2a_create(comm, &ac, &a2a);
   const uint8_t without2[3] = {0, 0, 1}, none[3] = {0, 0, 0};
   if (rc == MC_SUCCESS && rank != 2) {
-    if (barrier_done(a2a, gpu) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
+    if (mc_test_barrier_done(a2a, gpu) != MC_ERR_TIMEOUT) rc = MC_ERR_INTERNAL; /* rank 2 is away */
     else rc = mc_a2a_mask_ranks(a2a, without2);
-    if (rc == MC_SUCCESS) rc = barrier_done(a2a, gpu); /* one that rank 2 misses while masked */
+    if (rc == MC_SUCCESS) rc = mc_test_barrier_done(a2a, gpu); /* one that rank 2 misses while masked */
   }
   come_back(arg, rank);
   if (rc == MC_SUCCESS) rc = mc_a2a_mask_ranks(a2a, none);
-  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = barrier_done(a2a, gpu);
+  for (int i = 0; i < 3 && rc == MC_SUCCESS; i++) rc = mc_test_barrier_done(a2a, gpu);
   snprintf(msg, len, "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
   if (a2a) mc_a2a_destroy(a2a);
   return rc;
@@ -398,11 +398,7 @@ static int gpu_rejoin_child(const mc_proc_ctx_t *c, int p) {
   return rc == MC_SUCCESS ? 0 : 1;
 }
 int test_gpu_barrier_after_rejoin(void) {
-  pid_t probe = fork(); /* CUDA must not start in the parent of the ranks */
-  if (probe == 0) _exit(mc_dev_have_cuda() ? 0 : 1);
-  int st = 1;
-  waitpid(probe, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+  if (!mc_proc_cuda_seen()) {
     printf("skipped: no CUDA device visible, or this build has no GPU transport\n");
     return 77;
   }
@@ -417,7 +413,7 @@ int test_gpu_barrier_after_rejoin(void) {
 
 /* ---- the ranks of a group pass different weights ---- */
 static int group_body(trun_t *t, int rank, mc_comm_t *comm) {
-  mc_a2a_config_t ac = small_config();
+  mc_a2a_config_t ac = mc_test_small_config();
   mc_a2a_t *a2a = NULL;
   if ((t->rc[rank] = mc_a2a_create(comm, &ac, &a2a)) != MC_SUCCESS) return 1;
   float w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -456,7 +452,7 @@ int test_timeout_names_dead_rank(void) {
       mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
       cc.transport = MC_TRANSPORT_CPU;
       cc.timeout_ms = 500;
-      mc_a2a_config_t ac = small_config();
+      mc_a2a_config_t ac = mc_test_small_config();
       ac.num_experts = 6;
       if (mc_oob_socket_create(&id, r, W, 10000, &sock) || mc_oob_socket_get(sock, &oob) ||
           mc_comm_create(&oob, &cc, &comm) || mc_a2a_create(comm, &ac, &a2a))

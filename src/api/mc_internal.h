@@ -61,9 +61,8 @@ struct mc_a2a {
   uint64_t round;    /* 1-based number of the round in progress or last done (64-bit: never wraps) */
   uint8_t *masked;   /* [world_size]: 1 where the rank is left out (mc_a2a_mask_ranks) */
   int any_masked;    /* some rank is */
-  uint64_t *mask_calls; /* [world_size]: masks set by this rank and rank r together (each of the two
-                           counts them alike, however many it set without the other): the step
-                           numbers of their next one */
+  uint64_t *mask_calls; /* [world_size]: the last attempt at a mask this rank and rank r numbered
+                           together (the cpu transport's; src/cpu/mc_cpu_mask.c) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];

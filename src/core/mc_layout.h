@@ -59,7 +59,7 @@ enum {
   MC_SIG_WAITING = 5,   /* cpu: entry [owner] of the owner's own window: 1 + the rank it waits
                            for, 0 when not waiting; read by a peer that timed out, to name the
                            rank at the root of a chain of waits */
-  MC_SIG_RESYNC = 6,    /* SET to 4 x (masks set so far) + the step of mc_a2a_mask_ranks peer reached */
+  MC_SIG_RESYNC = 6,    /* SET to 4 x the pair's mask attempt + the step of mc_a2a_mask_ranks peer reached */
   MC_SIG_RESYNC_ROUND = 7, /* SET to peer's last round, before its first MC_SIG_RESYNC step */
   MC_SIG_COUNT = 8
 };
@@ -314,7 +314,7 @@ MC_HD uint64_t mc_ws_load_off(const mc_shape_t *s) {
 MC_HD uint64_t mc_ws_mask_off(const mc_shape_t *s) {
   return mc_ws_load_off(s) + mc_align_up((uint64_t)mc_num_local_experts(s) * sizeof(uint64_t), MC_ALIGN);
 }
-/* uint64[W]: masks set together with each rank (the GPU transports' count) */
+/* uint64[W]: the last mask attempt numbered together with each rank (the GPU transports') */
 MC_HD uint64_t mc_ws_mask_calls_off(const mc_shape_t *s) {
   return mc_ws_mask_off(s) + mc_align_up((uint64_t)s->world_size, MC_ALIGN);
 }

@@ -3,9 +3,18 @@
  * left in their windows, so that later rounds start from the same counts.
  *
  * Two steps, each a signal to every kept rank and a wait for theirs (slot
- * MC_SIG_RESYNC, value 4 x the masks the two ranks have set together + the
- * step: a rank masked for a while has set fewer than the others, and only
- * the count of masks set together is the same on both sides):
+ * MC_SIG_RESYNC, value 4 x the pair's attempt + the step). Each pair of
+ * ranks numbers its attempts (mask_calls): a call takes the number after
+ * its own last one, or the peer's if that is larger (a rank masked for a
+ * while has made fewer calls with this one; a call that timed out may be
+ * retried while the peer is still on its first). A wait that sees the peer
+ * on a later attempt than its own joins it: the peer timed out and called
+ * again, and has done nothing in between, so what was taken in from it
+ * still holds; the step is signalled again under the new number. Without
+ * that, a retry leaves the two numbers apart for good.
+ * A value of the pair's attempt is current: a peer that left a call made
+ * with this rank saw this rank's step 2 of that attempt, so this rank's
+ * next call has a larger number; one that timed out has stopped too.
  * 1. "stopped": before it, each writes its last round (MC_SIG_RESYNC_ROUND).
  *    Once every kept rank has signalled it, none of them sends a record or
  *    row any more, and what they sent has landed (the puts are copies made
@@ -34,14 +43,20 @@ static uint64_t signal_from(mc_a2a_t *a2a, int slot, int peer) {
 
 static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
   const int W = a2a->shape.world_size;
+  uint64_t *attempt = a2a->mask_calls;
   for (int p = 0; p < W; p++)
-    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * a2a->mask_calls[p] + (uint64_t)k, MC_SIG_SET);
+    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * attempt[p] + (uint64_t)k, MC_SIG_SET);
   for (int p = 0; p < W; p++) {
-    mc_result_t rc;
-    if (!mask[p] && (rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p,
-                                             4 * a2a->mask_calls[p] + (uint64_t)k, NULL,
-                                             2 * a2a->comm->timeout_ms)) != MC_SUCCESS)
-      return rc;
+    if (mask[p]) continue;
+    for (;;) {
+      uint64_t v = 0;
+      mc_result_t rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p, 4 * attempt[p] + (uint64_t)k, &v,
+                                          2 * a2a->comm->timeout_ms);
+      if (rc != MC_SUCCESS) return rc;
+      if (v / 4 <= attempt[p]) break;
+      attempt[p] = v / 4; /* the peer called again: join its attempt */
+      mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * attempt[p] + (uint64_t)k, MC_SIG_SET);
+    }
   }
   return MC_SUCCESS;
 }
@@ -52,7 +67,8 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
   uint64_t *barriers = mc_cpu(a2a)->barriers;
   for (int p = 0; p < W; p++)
     if (!mask[p]) {
-      a2a->mask_calls[p]++;
+      const uint64_t peers = signal_from(a2a, MC_SIG_RESYNC, p) / 4;
+      a2a->mask_calls[p] = a2a->mask_calls[p] + 1 > peers ? a2a->mask_calls[p] + 1 : peers;
       mc_cpu_signal(a2a, p, MC_SIG_RESYNC_ROUND, a2a->round, MC_SIG_SET);
       mc_cpu_signal(a2a, p, MC_SIG_BARRIER, barriers[p], MC_SIG_SET);
     }

@@ -321,6 +321,20 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 /* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
  * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
  * round has ended; the new mask is in the workspace already. ---- */
+/* Waits for peer p's step k of the pair's attempt; a peer seen on a later
+ * attempt timed out and called again: join it, and signal the step again
+ * under its number. 1 on a timeout. */
+MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, uint64_t round) {
+  const uint64_t *sig = mc_sig_local(a, MC_SIG_RESYNC, p);
+  for (;;) {
+    if (mc_dev_wait_ge(a, sig, 4 * calls[p] + k, MC_PHASE_MASK, p, MC_SIG_RESYNC, round)) return 1;
+    const uint64_t v = mc_sig_load(a, sig);
+    if (v / 4 <= calls[p]) return 0;
+    calls[p] = v / 4;
+    mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * calls[p] + k);
+  }
+}
+
 static __global__ void mc_k_mask(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, tid = threadIdx.x;
@@ -338,7 +352,10 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   __syncthreads();
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) {
-      calls[p]++;
+      /* the pair's attempt: after this rank's last, or the peer's if later
+       * (src/cpu/mc_cpu_mask.c says why) */
+      const uint64_t peers = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC, p)) / 4;
+      calls[p] = max(calls[p] + 1, peers);
       /* this rank's barrier count, again: a barrier that timed out counted
        * on the ranks that called it only; every kept rank takes the largest
        * below (one count for all peers here, where the cpu transport keeps
@@ -348,9 +365,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
       mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
     }
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) &&
-        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 1, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
-      abort_ = 1;
+    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 1, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   /* nobody kept sends any more: take in what the broken round left */
@@ -372,9 +387,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) &&
-        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_RESYNC, p), 4 * calls[p] + 2, MC_PHASE_MASK, p, MC_SIG_RESYNC, round))
-      return;
+    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, round)) return;
 }
 
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
