@@ -289,7 +289,8 @@ int test_gpu_quant_values(void) {
 
 /* The fp32 format's division-free quotient (mc_quant.h) as the GPU runs it,
  * against the division run there too, over every pair test quant_division
- * checks on the host. */
+ * checks on the host; and there the packed part functions of the kernels
+ * against the scalar ones, both formats. */
 int test_gpu_quant_division(void) {
   REQUIRE_GPU();
 #ifdef MC_REF_CUDA

@@ -155,6 +155,99 @@ MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, 
   return mc_f32_bits(s);
 }
 
+/* The scalar ways for a part, out of line on a device: one copy in a
+ * kernel's code, not one for each part a thread makes, as they are rare
+ * there (a part holding Inf or NaN, a block of fp32 scale below 2^-100);
+ * inlined, they made the kernel 0.35-1 us slower (more waits for
+ * instruction fetch). */
+#ifdef __CUDA_ARCH__
+#define MC_QUANT_COLD static __host__ __device__ __noinline__
+#else
+#define MC_QUANT_COLD static inline
+#endif
+MC_QUANT_COLD uint32_t mc_quant_amax16_scalar(const uint32_t w[8]) {
+  uint16_t x[16];
+  memcpy(x, w, sizeof x);
+  return mc_quant_amax_bits(x, 16);
+}
+MC_QUANT_COLD uint32_t mc_quant_values16_scalar(const uint32_t w[8], float amax, int ue8m0, uint32_t q[4]) {
+  uint16_t x[16];
+  memcpy(x, w, sizeof x);
+  return mc_quant_values(x, 16, amax, ue8m0, (uint8_t *)q);
+}
+
+/* A part of a block as the GPU kernels hold it: 16 bf16 values in 8 words,
+ * two a word (the lower half first). The same amax, bytes and scale as
+ * mc_quant_amax_bits and mc_quant_values, two values an instruction where
+ * the device has them (sm_89 and later): the bf16x2 maximum of the
+ * magnitudes (it skips a NaN operand; a part whose maximum is Inf or NaN
+ * takes the scalar way), and the conversion of two floats to two e4m3
+ * bytes in one instruction, whose NaN (0xFF for a negative one) is made
+ * 0x7F on four bytes at once (no finite value gives 0xFF or 0x7F: they
+ * saturate to +-448). With the scalar ways out of line, this took the
+ * quantising dispatch-send kernel from 16.2 to 13.1 us with UE8M0 scales
+ * and from 17.0 to 14.1 with fp32 ones (one H200, 128 tokens;
+ * docs/performance.md). Tests gpu_quant_division (every bf16 amax and
+ * every value a block with it can hold, both formats) and
+ * gpu_quant_dispatch. */
+MC_HD uint32_t mc_quant_amax16(const uint32_t w[8]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t m = w[0] & 0x7fff7fffu;
+  MC_QUANT_UNROLL
+  for (int i = 1; i < 8; i++) asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(w[i] & 0x7fff7fffu));
+  const uint32_t hi = m >> 16, lo = m & 0xffffu, top = hi > lo ? hi : lo;
+  if (top < 0x7f80u) return top << 16;
+#endif
+  return mc_quant_amax16_scalar(w);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+/* two floats to their e4m3 bytes, a the lower */
+MC_HD uint32_t mc_e4m3x2(float a, float b) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return r;
+}
+/* four e4m3 bytes whose 0xFF (a NaN) become 0x7F: a byte's top bit stays
+ * where its low 7 bits are not all ones (no carry leaves a byte) */
+MC_HD uint32_t mc_e4m3x4_nan(uint32_t q) {
+  return q & (((~q & 0x7f7f7f7fu) + 0x7f7f7f7fu) | 0x7f7f7f7fu);
+}
+#endif
+
+MC_HD uint32_t mc_quant_values16(const uint32_t w[8], float amax, int ue8m0, uint32_t q[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (ue8m0) {
+    const int e = mc_ue8m0_exp(amax);
+    const float inv = mc_bits_f32((uint32_t)(127 - e) << 23);
+    MC_QUANT_UNROLL
+    for (int i = 0; i < 4; i++) {
+      const uint32_t a = w[2 * i], b = w[2 * i + 1];
+      const uint32_t lo = mc_e4m3x2(mc_bits_f32(a << 16) * inv, mc_bits_f32(a & 0xffff0000u) * inv);
+      const uint32_t hi = mc_e4m3x2(mc_bits_f32(b << 16) * inv, mc_bits_f32(b & 0xffff0000u) * inv);
+      q[i] = mc_e4m3x4_nan(lo | hi << 16);
+    }
+    return (uint32_t)(e + 127);
+  }
+  const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
+  if (s >= 0x1p-100f) { /* mc_quant_values' quotient, k = 1 */
+    const float r = 1.0f / s;
+    float y[16];
+    MC_QUANT_UNROLL
+    for (int i = 0; i < 16; i++) {
+      const float x = mc_bits_f32(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16), q0 = x * r;
+      const uint32_t b = mc_f32_bits(q0) & 0x7fffffffu;
+      y[i] = b - 1u < 0x7f7fffffu ? fmaf(fmaf(-q0, s, x), r, q0) : q0;
+    }
+    MC_QUANT_UNROLL
+    for (int i = 0; i < 4; i++)
+      q[i] = mc_e4m3x4_nan(mc_e4m3x2(y[4 * i], y[4 * i + 1]) | mc_e4m3x2(y[4 * i + 2], y[4 * i + 3]) << 16);
+    return mc_f32_bits(s);
+  }
+#endif
+  return mc_quant_values16_scalar(w, amax, ue8m0, q);
+}
+
 /* One block of n <= MC_QBLOCK bf16 values into n e4m3 bytes; the scale as
  * a float (fp32 format) or as its biased exponent byte (UE8M0). */
 MC_HD float mc_quant_block_fp32(const uint16_t *x, int n, uint8_t *q) {

@@ -22,22 +22,22 @@ MC_DEV void mc_quant_piece(const mc_kargs_t &a, int t, int j, uint32_t bytes, in
 #pragma unroll
   for (int q = 0; q < 4; q++) {
     const uint32_t part = lane + 32u * q;
-    uint16_t x[16];
+    uint32_t w[8];
     uint32_t amax = 0;
     if (part < cnt) {
       const int4 *src = (const int4 *)(row + (uint64_t)part * 16);
       const int4 lo = src[0], hi = src[1];
-      memcpy(x, &lo, 16);
-      memcpy(x + 8, &hi, 16);
-      amax = mc_quant_amax_bits(x, 16);
+      memcpy(w, &lo, 16);
+      memcpy(w + 4, &hi, 16);
+      amax = mc_quant_amax16(w);
     }
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     v[q] = make_int4(0, 0, 0, 0);
     sc[q] = 0;
     if (part >= cnt) continue;
-    uint8_t out[16];
-    sc[q] = mc_quant_values(x, 16, mc_bits_f32(amax), a.quant == 2, out);
+    uint32_t out[4];
+    sc[q] = mc_quant_values16(w, mc_bits_f32(amax), a.quant == 2, out);
     memcpy(&v[q], out, 16);
   }
 }

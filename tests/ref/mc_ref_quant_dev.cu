@@ -13,26 +13,24 @@
  * scale a block (fp32, or the UE8M0 byte) */
 __global__ void mc_ref_k_quantise(const uint16_t *x, size_t parts, int ue8m0, uint8_t *q, uint8_t *scales) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  uint16_t v[16];
+  uint32_t w[8];
   uint32_t amax = 0;
   if (i < parts) {
     const int4 lo = ((const int4 *)x)[2 * i], hi = ((const int4 *)x)[2 * i + 1];
-    memcpy(v, &lo, 16);
-    memcpy(v + 8, &hi, 16);
-    amax = mc_quant_amax_bits(v, 16);
+    memcpy(w, &lo, 16);
+    memcpy(w + 4, &hi, 16);
+    amax = mc_quant_amax16(w);
   }
   /* the 8 parts of a block are 8 neighbouring lanes (i % 8 == lane % 8) */
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (i >= parts) return;
-  uint8_t out[16];
-  const uint32_t sc = mc_quant_values(v, 16, mc_bits_f32(amax), ue8m0, out);
+  int4 o4;
+  const uint32_t sc = mc_quant_values16(w, mc_bits_f32(amax), ue8m0, (uint32_t *)&o4);
   if (i % 8 == 0) {
     if (ue8m0) scales[i / 8] = (uint8_t)sc;
     else ((uint32_t *)scales)[i / 8] = sc;
   }
-  int4 o4;
-  memcpy(&o4, out, 16);
   ((int4 *)q)[i] = o4;
 }
 
@@ -60,7 +58,9 @@ extern "C" int mc_ref_e4m3_on_gpu(const float *x, size_t n, uint8_t *q) {
 
 /* one block per bf16 amax, its threads over the 65536 bf16 values 16 at a
  * time (a thread's 16 consecutive codes, of which those a block with this
- * amax can hold) */
+ * amax can hold): the fp32 format's bytes against the division, and the
+ * packed functions the kernels use (mc_quant_amax16, mc_quant_values16)
+ * against the scalar ones, both formats, scales included */
 __global__ void mc_ref_k_quant_division(unsigned long long *bad, unsigned long long *first) {
   const uint32_t ah = blockIdx.x;
   const float amax = mc_bf16_to_f32((uint16_t)ah), s = ah ? amax / MC_E4M3_MAX : 1.0f;
@@ -80,11 +80,17 @@ __global__ void mc_ref_k_quant_division(unsigned long long *bad, unsigned long l
         if (a > ah && a < 0x7f80u) x[i] = (uint16_t)ah;
       }
     }
-    uint8_t q[16];
-    mc_quant_values(x, 16, amax, 0, q);
+    uint8_t q[16], u[16];
+    uint32_t w[8], qw[4], uw[4];
+    memcpy(w, x, sizeof w);
+    const int scales_differ = mc_quant_values(x, 16, amax, 0, q) != mc_quant_values16(w, amax, 0, qw) ||
+                              mc_quant_values(x, 16, amax, 1, u) != mc_quant_values16(w, amax, 1, uw);
+    const uint8_t *qb = (const uint8_t *)qw, *ub = (const uint8_t *)uw;
+    const uint32_t a16 = mc_quant_amax16(w), a = mc_quant_amax_bits(x, 16);
 #pragma unroll
     for (int i = 0; i < 16; i++)
-      if (q[i] != mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s)) {
+      if (q[i] != mc_f32_to_e4m3(mc_bf16_to_f32(x[i]) / s) || qb[i] != q[i] || ub[i] != u[i] || a16 != a ||
+          scales_differ) {
         atomicAdd(bad, 1ull);
         atomicMin(first, (unsigned long long)ah << 16 | x[i]);
       }
