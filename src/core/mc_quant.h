@@ -158,22 +158,32 @@ MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, 
 /* The scalar ways for a part, out of line on a device: one copy in a
  * kernel's code, not one for each part a thread makes, as they are rare
  * there (a part holding Inf or NaN, a block of fp32 scale below 2^-100);
- * inlined, they made the kernel 0.35-1 us slower (more waits for
+ * inlined, they made the kernel 0.4-1 us slower (more waits for
  * instruction fetch). */
 #ifdef __CUDA_ARCH__
 #define MC_QUANT_COLD static __host__ __device__ __noinline__
 #else
 #define MC_QUANT_COLD static inline
 #endif
-MC_QUANT_COLD uint32_t mc_quant_amax16_scalar(const uint32_t w[8]) {
+/* passed and returned by value: a pointer would put the caller's words in
+ * local memory, stored and loaded again for every part */
+typedef struct mc_qpart {
+  uint32_t w[8];
+} mc_qpart_t;
+typedef struct mc_qbytes {
+  uint32_t q[4], scale;
+} mc_qbytes_t;
+MC_QUANT_COLD uint32_t mc_quant_amax16_scalar(mc_qpart_t p) {
   uint16_t x[16];
-  memcpy(x, w, sizeof x);
+  memcpy(x, p.w, sizeof x);
   return mc_quant_amax_bits(x, 16);
 }
-MC_QUANT_COLD uint32_t mc_quant_values16_scalar(const uint32_t w[8], float amax, int ue8m0, uint32_t q[4]) {
+MC_QUANT_COLD mc_qbytes_t mc_quant_values16_scalar(mc_qpart_t p, float amax, int ue8m0) {
   uint16_t x[16];
-  memcpy(x, w, sizeof x);
-  return mc_quant_values(x, 16, amax, ue8m0, (uint8_t *)q);
+  mc_qbytes_t r;
+  memcpy(x, p.w, sizeof x);
+  r.scale = mc_quant_values(x, 16, amax, ue8m0, (uint8_t *)r.q);
+  return r;
 }
 
 /* A part of a block as the GPU kernels hold it: 16 bf16 values in 8 words,
@@ -184,10 +194,10 @@ MC_QUANT_COLD uint32_t mc_quant_values16_scalar(const uint32_t w[8], float amax,
  * takes the scalar way), and the conversion of two floats to two e4m3
  * bytes in one instruction, whose NaN (0xFF for a negative one) is made
  * 0x7F on four bytes at once (no finite value gives 0xFF or 0x7F: they
- * saturate to +-448). With the scalar ways out of line, this took the
- * quantising dispatch-send kernel from 16.2 to 13.1 us with UE8M0 scales
- * and from 17.0 to 14.1 with fp32 ones (one H200, 128 tokens;
- * docs/performance.md). Tests gpu_quant_division (every bf16 amax and
+ * saturate to +-448). With the scalar ways out of line and a part passed
+ * to them by value, this took the quantising dispatch-send kernel from
+ * about 15.9 to 12.9 us with UE8M0 scales and from 17.1 to 13.8 with fp32
+ * ones (one H200, 128 tokens; docs/performance.md). Tests gpu_quant_division (every bf16 amax and
  * every value a block with it can hold, both formats) and
  * gpu_quant_dispatch. */
 MC_HD uint32_t mc_quant_amax16(const uint32_t w[8]) {
@@ -198,7 +208,10 @@ MC_HD uint32_t mc_quant_amax16(const uint32_t w[8]) {
   const uint32_t hi = m >> 16, lo = m & 0xffffu, top = hi > lo ? hi : lo;
   if (top < 0x7f80u) return top << 16;
 #endif
-  return mc_quant_amax16_scalar(w);
+  mc_qpart_t p;
+  MC_QUANT_UNROLL
+  for (int i = 0; i < 8; i++) p.w[i] = w[i];
+  return mc_quant_amax16_scalar(p);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -245,7 +258,13 @@ MC_HD uint32_t mc_quant_values16(const uint32_t w[8], float amax, int ue8m0, uin
     return mc_f32_bits(s);
   }
 #endif
-  return mc_quant_values16_scalar(w, amax, ue8m0, q);
+  mc_qpart_t p;
+  MC_QUANT_UNROLL
+  for (int i = 0; i < 8; i++) p.w[i] = w[i];
+  const mc_qbytes_t r = mc_quant_values16_scalar(p, amax, ue8m0);
+  MC_QUANT_UNROLL
+  for (int i = 0; i < 4; i++) q[i] = r.q[i];
+  return r.scale;
 }
 
 /* One block of n <= MC_QBLOCK bf16 values into n e4m3 bytes; the scale as
