@@ -7,11 +7,17 @@
  * ranks numbers its attempts (mask_calls): a call takes the number after
  * its own last one, or the peer's if that is larger (a rank masked for a
  * while has made fewer calls with this one; a call that timed out may be
- * retried while the peer is still on its first). A wait that sees the peer
- * on a later attempt than its own joins it: the peer timed out and called
- * again, and has done nothing in between, so what was taken in from it
- * still holds; the step is signalled again under the new number. Without
- * that, a retry leaves the two numbers apart for good.
+ * retried while the peer is still on its first). A call that fails uses up
+ * the number after its own as well, so that a peer can tell the two ways
+ * of seeing it on a later number:
+ * - one on, while the wait is in step 2: the peer saw this step, left the
+ *   call and made its next one; this call is done too (the peer's step 2
+ *   was overwritten before it was read);
+ * - otherwise (two or more on, or one on in step 1, where the peer cannot
+ *   have seen step 2): the peer timed out and called again, and has done
+ *   nothing in between, so what was taken in from it still holds; the wait
+ *   joins that attempt and signals its step again under the new number.
+ *   Without that, a retry leaves the two numbers apart for good.
  * A value of the pair's attempt is current: a peer that left a call made
  * with this rank saw this rank's step 2 of that attempt, so this rank's
  * next call has a larger number; one that timed out has stopped too.
@@ -53,12 +59,19 @@ static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
       mc_result_t rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p, 4 * attempt[p] + (uint64_t)k, &v,
                                           2 * a2a->comm->timeout_ms);
       if (rc != MC_SUCCESS) return rc;
-      if (v / 4 <= attempt[p]) break;
+      if (v / 4 <= attempt[p] || (k == 2 && v / 4 == attempt[p] + 1)) break;
       attempt[p] = v / 4; /* the peer called again: join its attempt */
       mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * attempt[p] + (uint64_t)k, MC_SIG_SET);
     }
   }
   return MC_SUCCESS;
+}
+
+/* A failed call: the next one with each kept peer skips a number. */
+static mc_result_t used_up(mc_a2a_t *a2a, const uint8_t *mask, mc_result_t rc) {
+  for (int p = 0; p < a2a->shape.world_size; p++)
+    if (!mask[p]) a2a->mask_calls[p]++;
+  return rc;
 }
 
 mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
@@ -73,7 +86,7 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
       mc_cpu_signal(a2a, p, MC_SIG_BARRIER, barriers[p], MC_SIG_SET);
     }
   mc_result_t rc = step(a2a, mask, 1);
-  if (rc != MC_SUCCESS) return rc;
+  if (rc != MC_SUCCESS) return used_up(a2a, mask, rc);
   uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s)), round = a2a->round;
   for (int p = 0; p < W; p++) {
     if (mask[p]) continue;
@@ -85,5 +98,6 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
     if (b > barriers[p]) barriers[p] = b;
   }
   a2a->round = round;
-  return step(a2a, mask, 2);
+  rc = step(a2a, mask, 2);
+  return rc == MC_SUCCESS ? rc : used_up(a2a, mask, rc);
 }

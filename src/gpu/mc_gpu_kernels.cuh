@@ -322,17 +322,27 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
  * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
  * round has ended; the new mask is in the workspace already. ---- */
 /* Waits for peer p's step k of the pair's attempt; a peer seen on a later
- * attempt timed out and called again: join it, and signal the step again
- * under its number. 1 on a timeout. */
+ * attempt either left this one (one on, in step 2) or timed out and called
+ * again: join that, and signal the step again under its number. 1 on a
+ * timeout. */
 MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, uint64_t round) {
   const uint64_t *sig = mc_sig_local(a, MC_SIG_RESYNC, p);
   for (;;) {
     if (mc_dev_wait_ge(a, sig, 4 * calls[p] + k, MC_PHASE_MASK, p, MC_SIG_RESYNC, round)) return 1;
     const uint64_t v = mc_sig_load(a, sig);
-    if (v / 4 <= calls[p]) return 0;
+    /* one on in step 2: the peer left the call; more: it called again
+     * (src/cpu/mc_cpu_mask.c says why) */
+    if (v / 4 <= calls[p] || (k == 2 && v / 4 == calls[p] + 1)) return 0;
     calls[p] = v / 4;
     mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * calls[p] + k);
   }
+}
+
+/* A failed call: the next one with each kept peer skips a number, so a
+ * peer tells a retry (two on) from a next call (one on). */
+MC_DEV void mc_mask_used_up(const mc_kargs_t *a, uint64_t *calls) {
+  for (int p = threadIdx.x; p < a->s.world_size; p += blockDim.x)
+    if (!mc_masked(1, a, p)) calls[p]++;
 }
 
 static __global__ void mc_k_mask(mc_kargs_t a) {
@@ -367,7 +377,10 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 1, round)) abort_ = 1;
   __syncthreads();
-  if (abort_) return;
+  if (abort_) {
+    mc_mask_used_up(&a, calls);
+    return;
+  }
   /* nobody kept sends any more: take in what the broken round left */
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) {
@@ -386,8 +399,10 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   }
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
+  int failed = 0;
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, round)) return;
+    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, round)) failed = 1;
+  if (__syncthreads_or(failed)) mc_mask_used_up(&a, calls);
 }
 
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
