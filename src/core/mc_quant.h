@@ -197,9 +197,9 @@ MC_QUANT_COLD mc_qbytes_t mc_quant_values16_scalar(mc_qpart_t p, float amax, int
  * saturate to +-448). With the scalar ways out of line and a part passed
  * to them by value, this took the quantising dispatch-send kernel from
  * about 15.9 to 12.9 us with UE8M0 scales and from 17.1 to 13.8 with fp32
- * ones (one H200, 128 tokens; docs/performance.md). Tests gpu_quant_division (every bf16 amax and
- * every value a block with it can hold, both formats) and
- * gpu_quant_dispatch. */
+ * ones (one H200, 128 tokens; docs/performance.md). Tests
+ * gpu_quant_division (every bf16 amax and every value a block with it can
+ * hold, both formats) and gpu_quant_dispatch. */
 MC_HD uint32_t mc_quant_amax16(const uint32_t w[8]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t m = w[0] & 0x7fff7fffu;
