@@ -6,14 +6,17 @@
  * 1. rank 0 calls, times out at 2T and calls again at once; rank 1 makes
  *    its first call at 2.5T, into rank 0's second attempt;
  * 2. rank 0 calls, times out at 2T and calls again at 3T; rank 1 calls at
- *    2.5T, meets rank 0's first attempt (stale by then: rank 0 has left
- *    it) and must be taken into the second.
+ *    2.5T, when rank 0's slot says it gave up its first attempt, and must
+ *    meet the second.
  * Then both make three mask calls and three barriers back to back: every
  * one must pass on both ranks. Before the pair's attempts were numbered
- * together, the first retry left the two counts one apart for good. The
+ * together, the first retry left the two counts one apart for good.
+ * And a rank that is masked for being late, then comes back (below). The
  * same steps run on the cpu transport and on a GPU (p2p). */
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mc_ref_dev.h"
 #include "mc_test.h"
@@ -47,12 +50,17 @@ static mc_result_t meet_late(mc_a2a_t *a2a, int rank, int gpu, int timeout_ms, i
   return mc_a2a_mask_ranks(a2a, none);
 }
 
-static mc_result_t retry_steps(mc_comm_t *comm, int rank, int gpu, int T, char *msg, size_t len) {
+/* A handle of one expert a rank, each token to one of them. */
+static mc_result_t one_expert_a_rank(mc_comm_t *comm, int world, mc_a2a_t **a2a) {
   mc_a2a_config_t ac = mc_test_small_config();
-  ac.num_experts = 2;
+  ac.num_experts = world;
   ac.experts_per_token = 1;
+  return mc_a2a_create(comm, &ac, a2a);
+}
+
+static mc_result_t retry_steps(mc_comm_t *comm, int rank, int gpu, int T, char *msg, size_t len) {
   mc_a2a_t *a2a = NULL;
-  mc_result_t rc = mc_a2a_create(comm, &ac, &a2a);
+  mc_result_t rc = one_expert_a_rank(comm, 2, &a2a);
   static const uint8_t none[2] = {0, 0};
   if (rc == MC_SUCCESS) rc = meet_late(a2a, rank, gpu, T, 2 * T, 5 * T / 2, msg, len);
   if (rc == MC_SUCCESS) rc = meet_late(a2a, rank, gpu, T, 3 * T, 5 * T / 2, msg, len);
@@ -60,6 +68,89 @@ static mc_result_t retry_steps(mc_comm_t *comm, int rank, int gpu, int T, char *
     if ((rc = mc_a2a_mask_ranks(a2a, none)) == MC_SUCCESS) rc = mc_test_barrier_done(a2a, gpu);
   if (rc != MC_SUCCESS && rc != MC_ERR_INTERNAL)
     snprintf(msg, len, "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
+  if (a2a) mc_a2a_destroy(a2a);
+  return rc;
+}
+
+/* ---- a rank late for a mask call, masked, then back ----
+ * Three ranks, T the timeout. Ranks 0 and 2 make a mask call that keeps
+ * rank 1, which is away: it times out; they mask rank 1 and run two rounds
+ * without it. Then all three clear the mask, rank 1 first (at 3T, the
+ * others at 3.5T), and again with rank 1 last (the others at 3T, rank 1 at
+ * 3.5T); two rounds with all three follow each. Before a failed call left
+ * "gave up" in its peers' slots, rank 1 coming first took the failed
+ * call's first step for a live one, and took in the state of before the
+ * rounds it missed: the rounds after it failed. */
+static mc_result_t checked_round(mc_a2a_t *a2a, int rank, int gpu, const uint8_t *masked, char *msg, size_t len) {
+  enum { W = 3, M = 2, H = 32 };
+  const int cap = mc_a2a_expert_capacity(a2a);
+  int32_t idx[M], count = -1, expect = 0;
+  float w[M] = {1.0f, 1.0f}, out[M * H];
+  unsigned char tok[M * 64];
+  for (int i = 0; i < M; i++) { /* token i of rank r: the expert of the i-th kept rank after r */
+    int e = (rank + i) % W;
+    while (masked[e]) e = (e + 1) % W;
+    idx[i] = e;
+  }
+  for (int src = 0; src < W; src++)
+    for (int i = 0; i < M && !masked[src]; i++) {
+      int e = (src + i) % W;
+      while (masked[e]) e = (e + 1) % W;
+      expect += e == rank;
+    }
+  memset(tok, rank + 1, sizeof tok);
+  float *y = malloc(sizeof(float) * (size_t)cap * H);
+  for (int i = 0; i < cap * H; i++) y[i] = 1.0f;
+  void *d_tok = mc_dev_alloc(gpu, sizeof tok), *d_idx = mc_dev_alloc(gpu, sizeof idx), *d_w = mc_dev_alloc(gpu, sizeof w);
+  void *d_x = mc_dev_alloc(gpu, (size_t)cap * 64), *d_cnt = mc_dev_alloc(gpu, sizeof count);
+  void *d_y = mc_dev_alloc(gpu, sizeof(float) * (size_t)cap * H), *d_out = mc_dev_alloc(gpu, sizeof out);
+  mc_result_t rc = MC_ERR_INTERNAL;
+  if (y && d_tok && d_idx && d_w && d_x && d_cnt && d_y && d_out && !mc_dev_put(gpu, d_tok, tok, sizeof tok) &&
+      !mc_dev_put(gpu, d_idx, idx, sizeof idx) && !mc_dev_put(gpu, d_w, w, sizeof w) &&
+      !mc_dev_put(gpu, d_y, y, sizeof(float) * (size_t)cap * H) && !mc_dev_fill(gpu, d_out, 0xff, sizeof out)) {
+    void *st = gpu ? mc_dev_stream() : NULL;
+    rc = mc_dispatch(a2a, d_tok, NULL, d_idx, d_w, M, NULL, d_x, NULL, d_cnt, MC_SEND_RECV, st);
+    if (rc == MC_SUCCESS) rc = mc_combine(a2a, d_y, d_out, MC_SEND_RECV, st);
+    if (rc == MC_SUCCESS && gpu) rc = mc_dev_sync(1) == 0 ? mc_a2a_check(a2a) : MC_ERR_CUDA;
+    if (rc != MC_SUCCESS) snprintf(msg, len, "round: %s", mc_a2a_last_error(a2a));
+    if (rc == MC_SUCCESS && (mc_dev_get(gpu, &count, d_cnt, sizeof count) || mc_dev_get(gpu, out, d_out, sizeof out)))
+      rc = MC_ERR_CUDA;
+    for (int i = 0; rc == MC_SUCCESS && i < M * H; i++)
+      if (count != expect || out[i] != 1.0f) {
+        snprintf(msg, len, "round: %d tokens for this rank's expert (expected %d), out[%d] = %g (expected 1)", count,
+                 expect, i, out[i]);
+        rc = MC_ERR_INTERNAL;
+      }
+  }
+  free(y);
+  void *all[] = {d_tok, d_idx, d_w, d_x, d_cnt, d_y, d_out};
+  for (int i = 0; i < 7; i++) mc_dev_free(gpu, all[i]);
+  return rc;
+}
+
+static mc_result_t rejoin_steps(mc_comm_t *comm, int rank, int gpu, int T, char *msg, size_t len) {
+  mc_a2a_t *a2a = NULL;
+  mc_result_t rc = one_expert_a_rank(comm, 3, &a2a);
+  static const uint8_t none[3] = {0, 0, 0}, without1[3] = {0, 1, 0};
+  for (int late_first = 1; late_first >= 0 && rc == MC_SUCCESS; late_first--) {
+    if ((rc = mc_test_barrier_done(a2a, gpu)) != MC_SUCCESS) break;
+    const int64_t t0 = mc_proc_now_ms();
+    if (rank != 1) {
+      if ((rc = mc_a2a_mask_ranks(a2a, none)) != MC_ERR_TIMEOUT) {
+        snprintf(msg, len, "a mask call with rank 1 away returned %s", mc_result_string(rc));
+        rc = MC_ERR_INTERNAL;
+        break;
+      }
+      rc = mc_a2a_mask_ranks(a2a, without1);
+      for (int i = 0; i < 2 && rc == MC_SUCCESS; i++) rc = checked_round(a2a, rank, gpu, without1, msg, len);
+      if (rc != MC_SUCCESS) break;
+    }
+    const int64_t at = (rank == 1) == late_first ? 3 * T : 7 * T / 2, left = at - (mc_proc_now_ms() - t0);
+    if (left > 0) mc_proc_sleep_ms((int)left);
+    rc = mc_a2a_mask_ranks(a2a, none);
+    for (int i = 0; i < 2 && rc == MC_SUCCESS; i++) rc = checked_round(a2a, rank, gpu, none, msg, len);
+  }
+  if (rc != MC_SUCCESS && !*msg) snprintf(msg, len, "%s", a2a ? mc_a2a_last_error(a2a) : mc_last_error());
   if (a2a) mc_a2a_destroy(a2a);
   return rc;
 }
@@ -81,44 +172,48 @@ static void share_one_core(void) {
 }
 
 static int retry_child(const mc_proc_ctx_t *c, int p) {
-  if (!c->mode) share_one_core();
+  if (!(c->mode & 1)) share_one_core();
   mc_oob_socket_t *s = NULL;
   mc_oob_t oob;
   mc_comm_t *comm = NULL;
   mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
-  cc.transport = c->mode ? MC_TRANSPORT_P2P : MC_TRANSPORT_CPU;
+  cc.transport = c->mode & 1 ? MC_TRANSPORT_P2P : MC_TRANSPORT_CPU;
   cc.timeout_ms = c->timeout_ms;
-  if (c->mode && (cc.device = mc_dev_select(p)) < 0) return 2;
+  if ((c->mode & 1) && (cc.device = mc_dev_select(p)) < 0) return 2;
   char msg[512] = "";
   if (mc_oob_socket_create(&c->id, p, c->world, 20000, &s) != MC_SUCCESS || mc_oob_socket_get(s, &oob) != MC_SUCCESS ||
       mc_comm_create(&oob, &cc, &comm) != MC_SUCCESS) {
     fprintf(stderr, "rank %d: setup: %s\n", p, mc_last_error());
     return 2;
   }
-  mc_result_t rc = retry_steps(comm, p, c->mode, c->timeout_ms, msg, sizeof msg);
+  const int gpu = c->mode & 1;
+  mc_result_t rc = c->mode & 2 ? rejoin_steps(comm, p, gpu, c->timeout_ms, msg, sizeof msg)
+                               : retry_steps(comm, p, gpu, c->timeout_ms, msg, sizeof msg);
   fprintf(stderr, "rank %d: %s %s\n", p, mc_result_string(rc), msg);
   mc_comm_destroy(comm);
   mc_oob_socket_destroy(s);
   return rc == MC_SUCCESS ? 0 : 1;
 }
 
-static int run_retry(int gpu, int timeout_ms) {
+/* mode: 1 on a GPU, 2 the rejoin scenario (three ranks) */
+static int run_retry(int mode, int timeout_ms) {
+  const int world = mode & 2 ? 3 : 2;
   mc_proc_ctx_t c;
-  mc_proc_world(&c, 2, timeout_ms);
-  c.mode = gpu;
+  mc_proc_world(&c, world, timeout_ms);
+  c.mode = mode;
   if (mc_unique_id_create(&c.id) != MC_SUCCESS) return -1;
-  int codes[2];
-  MC_CHECK(mc_proc_run(&c, retry_child, 60000, codes) == 0);
-  for (int r = 0; r < 2; r++) MC_CHECK_MSG(codes[r] == 0, "rank %d ended with %d", r, codes[r]);
+  int codes[3];
+  MC_CHECK(mc_proc_run(&c, retry_child, 90000, codes) == 0);
+  for (int r = 0; r < world; r++) MC_CHECK_MSG(codes[r] == 0, "rank %d ended with %d", r, codes[r]);
   return 0;
 }
 
-int test_mask_retry(void) { return run_retry(0, 500); }
+int test_mask_retry(void) { return run_retry(0, 500) || run_retry(2, 500); }
 
 int test_gpu_mask_retry(void) {
   if (!mc_proc_cuda_seen()) {
     printf("skipped: no CUDA device visible, or this build has no GPU transport\n");
     return 77;
   }
-  return run_retry(1, 1000);
+  return run_retry(1, 1000) || run_retry(3, 1000);
 }

@@ -8,19 +8,24 @@
  * its own last one, or the peer's if that is larger (a rank masked for a
  * while has made fewer calls with this one; a call that timed out may be
  * retried while the peer is still on its first). A call that fails uses up
- * the number after its own as well, so that a peer can tell the two ways
- * of seeing it on a later number:
- * - one on, while the wait is in step 2: the peer saw this step, left the
- *   call and made its next one; this call is done too (the peer's step 2
- *   was overwritten before it was read);
- * - otherwise (two or more on, or one on in step 1, where the peer cannot
- *   have seen step 2): the peer timed out and called again, and has done
- *   nothing in between, so what was taken in from it still holds; the wait
- *   joins that attempt and signals its step again under the new number.
- *   Without that, a retry leaves the two numbers apart for good.
+ * the number after its own and leaves that number with step 0 in every
+ * kept peer's slot: "gave up, not in a call". Without it, a late peer
+ * would take the stale step 1 of a call that had failed (its maker may
+ * have masked it since, and run rounds) for a live one. A wait that sees
+ * the peer on a later number:
+ * - step 0: the peer gave up. In step 2, one on: it gave up on this call
+ *   (it had not seen step 2); wait for its next call. Two or more on: it
+ *   saw step 2, left the call, and a later one failed: this call is done.
+ *   In step 1 it cannot have seen step 2: wait for its next call.
+ * - step 1 or 2, one on while in step 2: the peer saw this step, left the
+ *   call and made its next one; this call is done too.
+ * - otherwise the peer called again: join that attempt and signal this
+ *   step again under its number; in step 2 take in what the peer holds
+ *   again first (it may have run rounds since the attempt whose state was
+ *   taken in). Without joining, a retry leaves the two numbers apart.
  * A value of the pair's attempt is current: a peer that left a call made
  * with this rank saw this rank's step 2 of that attempt, so this rank's
- * next call has a larger number; one that timed out has stopped too.
+ * next call has a larger number; one that gave up has said so.
  * 1. "stopped": before it, each writes its last round (MC_SIG_RESYNC_ROUND).
  *    Once every kept rank has signalled it, none of them sends a record or
  *    row any more, and what they sent has landed (the puts are copies made
@@ -47,37 +52,63 @@ static uint64_t signal_from(mc_a2a_t *a2a, int slot, int peer) {
   return v;
 }
 
+/* What peer p holds, taken in once it has made step 1 of the pair's attempt. */
+static void take_in(mc_a2a_t *a2a, int p) {
+  const int W = a2a->shape.world_size;
+  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(&a2a->shape)), *barriers = mc_cpu(a2a)->barriers;
+  const uint64_t r = signal_from(a2a, MC_SIG_RESYNC_ROUND, p), b = signal_from(a2a, MC_SIG_BARRIER, p);
+  if (r > a2a->round) a2a->round = r;
+  seen[MC_SIG_DISP_RECS * W + p] = signal_from(a2a, MC_SIG_DISP_RECS, p);
+  seen[MC_SIG_COMB_ROWS * W + p] = signal_from(a2a, MC_SIG_COMB_ROWS, p);
+  if (b > barriers[p]) barriers[p] = b;
+}
+
+/* Step k with peer p: wait for it under the pair's attempt, following the
+ * peer to a later one where it called again (the header says which). */
+static mc_result_t wait_step(mc_a2a_t *a2a, int p, int k) {
+  uint64_t *attempt = &a2a->mask_calls[p], target = 4 * *attempt + (uint64_t)k;
+  for (;;) {
+    uint64_t v = 0;
+    mc_result_t rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p, target, &v,
+                                        2 * a2a->comm->timeout_ms);
+    if (rc != MC_SUCCESS) return rc;
+    const uint64_t b = v / 4, a = *attempt;
+    if (b == a) return MC_SUCCESS;
+    if (v % 4 == 0) { /* it gave up on a call */
+      if (k == 2 && b >= a + 2) return MC_SUCCESS;
+      target = 4 * b + 1; /* its next call */
+      continue;
+    }
+    if (k == 2 && b == a + 1) return MC_SUCCESS;
+    *attempt = b; /* it called again: join */
+    if (k == 2) take_in(a2a, p);
+    mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * b + (uint64_t)k, MC_SIG_SET);
+    target = 4 * b + (uint64_t)k;
+  }
+}
+
 static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
   const int W = a2a->shape.world_size;
-  uint64_t *attempt = a2a->mask_calls;
   for (int p = 0; p < W; p++)
-    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * attempt[p] + (uint64_t)k, MC_SIG_SET);
+    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * a2a->mask_calls[p] + (uint64_t)k, MC_SIG_SET);
   for (int p = 0; p < W; p++) {
-    if (mask[p]) continue;
-    for (;;) {
-      uint64_t v = 0;
-      mc_result_t rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p, 4 * attempt[p] + (uint64_t)k, &v,
-                                          2 * a2a->comm->timeout_ms);
-      if (rc != MC_SUCCESS) return rc;
-      if (v / 4 <= attempt[p] || (k == 2 && v / 4 == attempt[p] + 1)) break;
-      attempt[p] = v / 4; /* the peer called again: join its attempt */
-      mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * attempt[p] + (uint64_t)k, MC_SIG_SET);
-    }
+    mc_result_t rc;
+    if (!mask[p] && (rc = wait_step(a2a, p, k)) != MC_SUCCESS) return rc;
   }
   return MC_SUCCESS;
 }
 
-/* A failed call: the next one with each kept peer skips a number. */
+/* A failed call: the next one with each kept peer skips a number, left in
+ * the peer's slot with step 0 ("gave up"). */
 static mc_result_t used_up(mc_a2a_t *a2a, const uint8_t *mask, mc_result_t rc) {
   for (int p = 0; p < a2a->shape.world_size; p++)
-    if (!mask[p]) a2a->mask_calls[p]++;
+    if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * ++a2a->mask_calls[p], MC_SIG_SET);
   return rc;
 }
 
 mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
-  const mc_shape_t *s = &a2a->shape;
-  const int W = s->world_size;
-  uint64_t *barriers = mc_cpu(a2a)->barriers;
+  const int W = a2a->shape.world_size;
+  const uint64_t *barriers = mc_cpu(a2a)->barriers;
   for (int p = 0; p < W; p++)
     if (!mask[p]) {
       const uint64_t peers = signal_from(a2a, MC_SIG_RESYNC, p) / 4;
@@ -86,18 +117,8 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
       mc_cpu_signal(a2a, p, MC_SIG_BARRIER, barriers[p], MC_SIG_SET);
     }
   mc_result_t rc = step(a2a, mask, 1);
-  if (rc != MC_SUCCESS) return used_up(a2a, mask, rc);
-  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s)), round = a2a->round;
-  for (int p = 0; p < W; p++) {
-    if (mask[p]) continue;
-    const uint64_t r = signal_from(a2a, MC_SIG_RESYNC_ROUND, p);
-    if (r > round) round = r;
-    seen[MC_SIG_DISP_RECS * W + p] = signal_from(a2a, MC_SIG_DISP_RECS, p);
-    seen[MC_SIG_COMB_ROWS * W + p] = signal_from(a2a, MC_SIG_COMB_ROWS, p);
-    const uint64_t b = signal_from(a2a, MC_SIG_BARRIER, p);
-    if (b > barriers[p]) barriers[p] = b;
-  }
-  a2a->round = round;
-  rc = step(a2a, mask, 2);
+  for (int p = 0; p < W && rc == MC_SUCCESS; p++)
+    if (!mask[p]) take_in(a2a, p);
+  if (rc == MC_SUCCESS) rc = step(a2a, mask, 2);
   return rc == MC_SUCCESS ? rc : used_up(a2a, mask, rc);
 }

@@ -321,34 +321,58 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 /* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
  * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
  * round has ended; the new mask is in the workspace already. ---- */
-/* Waits for peer p's step k of the pair's attempt; a peer seen on a later
- * attempt either left this one (one on, in step 2) or timed out and called
- * again: join that, and signal the step again under its number. 1 on a
- * timeout. */
-MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, uint64_t round) {
+/* What peer p holds (its last round, barrier count and running totals),
+ * once it has made step 1 of the pair's attempt. */
+MC_DEV void mc_mask_take_in(const mc_kargs_t *a, int p, unsigned long long *round, unsigned int *barriers) {
+  uint64_t *seen = (uint64_t *)(a->ws + mc_ws_seen_off(&a->s));
+  const int W = a->s.world_size;
+  atomicMax(round, (unsigned long long)mc_sig_load(a, mc_sig_local(a, MC_SIG_RESYNC_ROUND, p)));
+  seen[MC_SIG_DISP_RECS * W + p] = mc_sig_load(a, mc_sig_local(a, MC_SIG_DISP_RECS, p));
+  seen[MC_SIG_COMB_ROWS * W + p] = mc_sig_load(a, mc_sig_local(a, MC_SIG_COMB_ROWS, p));
+  atomicMax(barriers, (unsigned int)mc_sig_load(a, mc_sig_local(a, MC_SIG_BARRIER, p)));
+}
+
+/* Waits for peer p's step k of the pair's attempt, following the peer to a
+ * later attempt where it called again; in step 2 what a peer that called
+ * again holds is taken in again, once its step 2 has come (the acquire
+ * that makes it visible). The rules and why: src/cpu/mc_cpu_mask.c.
+ * 1 on a timeout. */
+MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, unsigned long long *round,
+                        unsigned int *barriers) {
   const uint64_t *sig = mc_sig_local(a, MC_SIG_RESYNC, p);
+  uint64_t target = 4 * calls[p] + k;
+  int joined = 0;
   for (;;) {
-    if (mc_dev_wait_ge(a, sig, 4 * calls[p] + k, MC_PHASE_MASK, p, MC_SIG_RESYNC, round)) return 1;
-    const uint64_t v = mc_sig_load(a, sig);
-    /* one on in step 2: the peer left the call; more: it called again
-     * (src/cpu/mc_cpu_mask.c says why) */
-    if (v / 4 <= calls[p] || (k == 2 && v / 4 == calls[p] + 1)) return 0;
-    calls[p] = v / 4;
-    mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * calls[p] + k);
+    if (mc_dev_wait_ge(a, sig, target, MC_PHASE_MASK, p, MC_SIG_RESYNC, *round)) return 1;
+    const uint64_t v = mc_sig_load(a, sig), b = v / 4, n = calls[p];
+    if (b == n) {
+      if (joined) mc_mask_take_in(a, p, round, barriers);
+      return 0;
+    }
+    if (v % 4 == 0) { /* it gave up on a call */
+      if (k == 2 && b >= n + 2) return 0;
+      target = 4 * b + 1; /* its next call */
+      continue;
+    }
+    if (k == 2 && b == n + 1) return 0; /* it left this call and is in its next */
+    calls[p] = b; /* it called again: join */
+    joined = k == 2;
+    mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * b + k);
+    target = 4 * b + k;
   }
 }
 
-/* A failed call: the next one with each kept peer skips a number, so a
- * peer tells a retry (two on) from a next call (one on). */
+/* A failed call: the next one with each kept peer skips a number, left in
+ * the peer's slot with step 0 ("gave up"). */
 MC_DEV void mc_mask_used_up(const mc_kargs_t *a, uint64_t *calls) {
   for (int p = threadIdx.x; p < a->s.world_size; p += blockDim.x)
-    if (!mc_masked(1, a, p)) calls[p]++;
+    if (!mc_masked(1, a, p)) mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * ++calls[p]);
 }
 
 static __global__ void mc_k_mask(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, tid = threadIdx.x;
-  uint64_t *calls = (uint64_t *)(a.ws + mc_ws_mask_calls_off(s)), *seen = (uint64_t *)(a.ws + mc_ws_seen_off(s));
+  uint64_t *calls = (uint64_t *)(a.ws + mc_ws_mask_calls_off(s));
   uint64_t *drecv_round = mc_ws_scalar64(&a, MC_WS_DRECV_ROUND);
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   __shared__ unsigned long long round;
@@ -375,7 +399,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
       mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
     }
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 1, round)) abort_ = 1;
+    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 1, &round, &barriers)) abort_ = 1;
   __syncthreads();
   if (abort_) {
     mc_mask_used_up(&a, calls);
@@ -383,13 +407,14 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   }
   /* nobody kept sends any more: take in what the broken round left */
   for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p)) {
-      atomicMax(&round, (unsigned long long)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC_ROUND, p)));
-      seen[MC_SIG_DISP_RECS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, p));
-      seen[MC_SIG_COMB_ROWS * W + p] = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, p));
-      atomicMax(&barriers, (unsigned int)mc_sig_load(&a, mc_sig_local(&a, MC_SIG_BARRIER, p)));
-    }
+    if (!mc_masked(1, &a, p)) mc_mask_take_in(&a, p, &round, &barriers);
   __syncthreads();
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
+  int failed = 0;
+  for (int p = tid; p < W; p += blockDim.x)
+    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, &round, &barriers)) failed = 1;
+  if (__syncthreads_or(failed)) mc_mask_used_up(&a, calls);
   if (tid == 0) {
     *mc_ws_round(&a) = round;
     sc[MC_WS_BARRIERS] = barriers;
@@ -397,12 +422,6 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
     *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
     sc[MC_WS_BAD] = 0;
   }
-  for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
-  int failed = 0;
-  for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, round)) failed = 1;
-  if (__syncthreads_or(failed)) mc_mask_used_up(&a, calls);
 }
 
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
