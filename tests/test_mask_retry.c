@@ -155,7 +155,7 @@ static mc_result_t rejoin_steps(mc_comm_t *comm, int rank, int gpu, int T, char 
   return rc;
 }
 
-/* Both ranks on one core, taking turns whenever a wait yields: a rank that
+/* The ranks on one core, taking turns whenever a wait yields: a rank that
  * signals and yields lets its peer leave the call and start its next one
  * before it reads again (a race the cpu transport must survive; with a
  * core each it shows only under load). */
