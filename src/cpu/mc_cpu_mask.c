@@ -13,10 +13,11 @@
  * would take the stale step 1 of a call that had failed (its maker may
  * have masked it since, and run rounds) for a live one. A wait that sees
  * the peer on a later number:
- * - step 0: the peer gave up. In step 2, one on: it gave up on this call
- *   (it had not seen step 2); wait for its next call. Two or more on: it
- *   saw step 2, left the call, and a later one failed: this call is done.
- *   In step 1 it cannot have seen step 2: wait for its next call.
+ * - step 0: the peer gave up: wait for its next call. (Two or more on in
+ *   step 2 may also be a peer that saw step 2, left, and failed a later
+ *   call; that needs this rank not to read for twice the timeout, while
+ *   a peer that gave up, called again and failed again within the same
+ *   wait is ordinary timing, so the wait goes on.)
  * - step 1 or 2, one on while in step 2: the peer saw this step, left the
  *   call and made its next one; this call is done too.
  * - otherwise the peer called again: join that attempt and signal this
@@ -74,9 +75,8 @@ static mc_result_t wait_step(mc_a2a_t *a2a, int p, int k) {
     if (rc != MC_SUCCESS) return rc;
     const uint64_t b = v / 4, a = *attempt;
     if (b == a) return MC_SUCCESS;
-    if (v % 4 == 0) { /* it gave up on a call */
-      if (k == 2 && b >= a + 2) return MC_SUCCESS;
-      target = 4 * b + 1; /* its next call */
+    if (v % 4 == 0) { /* it gave up on a call: wait for its next one */
+      target = 4 * b + 1;
       continue;
     }
     if (k == 2 && b == a + 1) return MC_SUCCESS;

@@ -349,9 +349,8 @@ MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, unsi
       if (joined) mc_mask_take_in(a, p, round, barriers);
       return 0;
     }
-    if (v % 4 == 0) { /* it gave up on a call */
-      if (k == 2 && b >= n + 2) return 0;
-      target = 4 * b + 1; /* its next call */
+    if (v % 4 == 0) { /* it gave up on a call: wait for its next one */
+      target = 4 * b + 1;
       continue;
     }
     if (k == 2 && b == n + 1) return 0; /* it left this call and is in its next */
