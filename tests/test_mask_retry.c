@@ -81,31 +81,36 @@ static mc_result_t retry_steps(mc_comm_t *comm, int rank, int gpu, int T, char *
  * "gave up" in its peers' slots, rank 1 coming first took the failed
  * call's first step for a live one, and took in the state of before the
  * rounds it missed: the rounds after it failed. */
+/* Token i of rank src goes to the expert (one a rank) of the first kept
+ * rank from src + i on. */
+static int kept_expert(const uint8_t *masked, int src, int i) {
+  int e = (src + i) % 3;
+  while (masked[e]) e = (e + 1) % 3;
+  return e;
+}
+
+/* One round: every byte of a token is its sender's rank + 1, every expert
+ * output 1; this rank checks how many tokens its expert got, the sum of
+ * their first bytes, and that each combined value is 1. */
 static mc_result_t checked_round(mc_a2a_t *a2a, int rank, int gpu, const uint8_t *masked, char *msg, size_t len) {
   enum { W = 3, M = 2, H = 32 };
   const int cap = mc_a2a_expert_capacity(a2a);
-  int32_t idx[M], count = -1, expect = 0;
+  int32_t idx[M], count = -1, expect = 0, senders = 0;
   float w[M] = {1.0f, 1.0f}, out[M * H];
   unsigned char tok[M * 64];
-  for (int i = 0; i < M; i++) { /* token i of rank r: the expert of the i-th kept rank after r */
-    int e = (rank + i) % W;
-    while (masked[e]) e = (e + 1) % W;
-    idx[i] = e;
-  }
+  for (int i = 0; i < M; i++) idx[i] = kept_expert(masked, rank, i);
   for (int src = 0; src < W; src++)
-    for (int i = 0; i < M && !masked[src]; i++) {
-      int e = (src + i) % W;
-      while (masked[e]) e = (e + 1) % W;
-      expect += e == rank;
-    }
+    for (int i = 0; i < M && !masked[src]; i++)
+      if (kept_expert(masked, src, i) == rank) expect++, senders += src + 1;
   memset(tok, rank + 1, sizeof tok);
+  unsigned char *x = malloc((size_t)cap * 64);
   float *y = malloc(sizeof(float) * (size_t)cap * H);
   for (int i = 0; i < cap * H; i++) y[i] = 1.0f;
   void *d_tok = mc_dev_alloc(gpu, sizeof tok), *d_idx = mc_dev_alloc(gpu, sizeof idx), *d_w = mc_dev_alloc(gpu, sizeof w);
   void *d_x = mc_dev_alloc(gpu, (size_t)cap * 64), *d_cnt = mc_dev_alloc(gpu, sizeof count);
   void *d_y = mc_dev_alloc(gpu, sizeof(float) * (size_t)cap * H), *d_out = mc_dev_alloc(gpu, sizeof out);
   mc_result_t rc = MC_ERR_INTERNAL;
-  if (y && d_tok && d_idx && d_w && d_x && d_cnt && d_y && d_out && !mc_dev_put(gpu, d_tok, tok, sizeof tok) &&
+  if (y && x && d_tok && d_idx && d_w && d_x && d_cnt && d_y && d_out && !mc_dev_put(gpu, d_tok, tok, sizeof tok) &&
       !mc_dev_put(gpu, d_idx, idx, sizeof idx) && !mc_dev_put(gpu, d_w, w, sizeof w) &&
       !mc_dev_put(gpu, d_y, y, sizeof(float) * (size_t)cap * H) && !mc_dev_fill(gpu, d_out, 0xff, sizeof out)) {
     void *st = gpu ? mc_dev_stream() : NULL;
@@ -113,16 +118,22 @@ static mc_result_t checked_round(mc_a2a_t *a2a, int rank, int gpu, const uint8_t
     if (rc == MC_SUCCESS) rc = mc_combine(a2a, d_y, d_out, MC_SEND_RECV, st);
     if (rc == MC_SUCCESS && gpu) rc = mc_dev_sync(1) == 0 ? mc_a2a_check(a2a) : MC_ERR_CUDA;
     if (rc != MC_SUCCESS) snprintf(msg, len, "round: %s", mc_a2a_last_error(a2a));
-    if (rc == MC_SUCCESS && (mc_dev_get(gpu, &count, d_cnt, sizeof count) || mc_dev_get(gpu, out, d_out, sizeof out)))
+    if (rc == MC_SUCCESS && (mc_dev_get(gpu, &count, d_cnt, sizeof count) || mc_dev_get(gpu, out, d_out, sizeof out) ||
+                             mc_dev_get(gpu, x, d_x, (size_t)cap * 64)))
       rc = MC_ERR_CUDA;
+    int got = 0;
+    for (int j = 0; rc == MC_SUCCESS && j < count && j < cap; j++) got += x[(size_t)j * 64];
     for (int i = 0; rc == MC_SUCCESS && i < M * H; i++)
-      if (count != expect || out[i] != 1.0f) {
-        snprintf(msg, len, "round: %d tokens for this rank's expert (expected %d), out[%d] = %g (expected 1)", count,
-                 expect, i, out[i]);
+      if (count != expect || got != senders || out[i] != 1.0f) {
+        snprintf(msg, len,
+                 "round: %d tokens for this rank's expert (expected %d), their senders summing to %d (expected %d), "
+                 "out[%d] = %g (expected 1)",
+                 count, expect, got, senders, i, out[i]);
         rc = MC_ERR_INTERNAL;
       }
   }
   free(y);
+  free(x);
   void *all[] = {d_tok, d_idx, d_w, d_x, d_cnt, d_y, d_out};
   for (int i = 0; i < 7; i++) mc_dev_free(gpu, all[i]);
   return rc;
