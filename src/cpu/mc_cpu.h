@@ -16,6 +16,7 @@ typedef struct mc_cpu {
   int n_route;           /* records dispatch-recv took in this round */
   uint64_t *barriers;    /* barriers[r]: mc_a2a_barrier calls made with rank r (both count them alike,
                             however many either made while the other was masked) */
+  struct mc_cpu_wait *waits; /* waits[r]: mc_cpu_wait_each's state for rank r */
 } mc_cpu_t;
 
 /* Copy bytes to offset dst_off of peer's window, then update peer's signal
@@ -29,9 +30,16 @@ void mc_cpu_signal(mc_a2a_t *a2a, int peer, int slot, uint64_t value, int op);
  * and the handle's text names the phase, this rank, the peer, and the values. */
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
                            uint64_t *seen);
-/* The same for at most timeout_ms. */
-mc_result_t mc_cpu_wait_ge_for(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
-                               uint64_t *seen, int timeout_ms);
+/* What a peer's signal means to mc_cpu_wait_each's caller: 1 when the wait
+ * for that peer is over; else 0, with the value it waits for in *expect. */
+typedef int (*mc_cpu_check_fn)(void *ctx, int peer, uint64_t value, uint64_t *expect);
+/* Wait on this rank's signal (slot) from every peer with skip[peer] clear
+ * at once, each read with acquire order and given to check, until check
+ * has said 1 for each. Each peer has timeout_ms from the start or from the
+ * last change of what check expects of it; on expiry MC_ERR_TIMEOUT, with
+ * a text as mc_cpu_wait_ge's. */
+mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const uint8_t *skip,
+                             mc_cpu_check_fn check, void *ctx, int timeout_ms);
 
 static inline mc_cpu_t *mc_cpu(mc_a2a_t *a2a) { return (mc_cpu_t *)a2a->impl; }
 static inline unsigned char *mc_cpu_mine(mc_a2a_t *a2a) { return mc_cpu(a2a)->peer[a2a->comm->rank]; }

@@ -64,38 +64,45 @@ static void take_in(mc_a2a_t *a2a, int p) {
   if (b > barriers[p]) barriers[p] = b;
 }
 
-/* Step k with peer p: wait for it under the pair's attempt, following the
- * peer to a later one where it called again (the header says which). */
-static mc_result_t wait_step(mc_a2a_t *a2a, int p, int k) {
-  uint64_t *attempt = &a2a->mask_calls[p], target = 4 * *attempt + (uint64_t)k;
-  for (;;) {
-    uint64_t v = 0;
-    mc_result_t rc = mc_cpu_wait_ge_for(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, p, target, &v,
-                                        2 * a2a->comm->timeout_ms);
-    if (rc != MC_SUCCESS) return rc;
-    const uint64_t b = v / 4, a = *attempt;
-    if (b == a) return MC_SUCCESS;
-    if (v % 4 == 0) { /* it gave up on a call: wait for its next one */
-      target = 4 * b + 1;
-      continue;
-    }
-    if (k == 2 && b == a + 1) return MC_SUCCESS;
-    *attempt = b; /* it called again: join */
-    if (k == 2) take_in(a2a, p);
-    mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * b + (uint64_t)k, MC_SIG_SET);
-    target = 4 * b + (uint64_t)k;
+/* Step k of the call, as peer p's slot value v says (the header gives
+ * the rules): 1 when the step is done with p; else 0 with the value that
+ * would be, following p to a later attempt where it called again. */
+typedef struct mask_step {
+  mc_a2a_t *a2a;
+  int k;
+} mask_step_t;
+
+static int step_done(void *ctx, int p, uint64_t v, uint64_t *expect) {
+  const mask_step_t *st = ctx;
+  mc_a2a_t *a2a = st->a2a;
+  const uint64_t k = (uint64_t)st->k, a = a2a->mask_calls[p], b = v / 4;
+  if (b == a && v % 4 >= k) return 1;
+  if (b <= a) { /* not there yet */
+    *expect = 4 * a + k;
+    return 0;
   }
+  if (v % 4 == 0) { /* it gave up on a call: wait for its next one */
+    *expect = 4 * b + 1;
+    return 0;
+  }
+  if (k == 2 && b == a + 1) return 1;
+  a2a->mask_calls[p] = b; /* it called again: join */
+  if (k == 2) take_in(a2a, p);
+  mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * b + k, MC_SIG_SET);
+  *expect = 4 * b + k;
+  return v >= *expect;
 }
 
+/* Every kept peer is waited for in the same loop: a rank that waited for
+ * one peer at a time would join a peer's new attempt only once the peers
+ * before it were done, and three ranks can each wait for the next that
+ * way until they time out. */
 static mc_result_t step(mc_a2a_t *a2a, const uint8_t *mask, int k) {
   const int W = a2a->shape.world_size;
   for (int p = 0; p < W; p++)
     if (!mask[p]) mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * a2a->mask_calls[p] + (uint64_t)k, MC_SIG_SET);
-  for (int p = 0; p < W; p++) {
-    mc_result_t rc;
-    if (!mask[p] && (rc = wait_step(a2a, p, k)) != MC_SUCCESS) return rc;
-  }
-  return MC_SUCCESS;
+  mask_step_t st = {a2a, k};
+  return mc_cpu_wait_each(a2a, "mc_a2a_mask_ranks", MC_SIG_RESYNC, mask, step_done, &st, 2 * a2a->comm->timeout_ms);
 }
 
 /* A failed call: the next one with each kept peer skips a number, left in

@@ -63,13 +63,21 @@ static int cpu_waiting(void *ctx, int r, uint64_t *word) {
   return 1;
 }
 
-mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
-                           uint64_t *seen) {
-  return mc_cpu_wait_ge_for(a2a, phase, slot, peer, target, seen, a2a->comm->timeout_ms);
+/* A wait that expired: the handle's text names the phase, this rank, the
+ * peer, the values and, where it can be told, the rank at the root. */
+static mc_result_t timed_out(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
+                             uint64_t v, int timeout_ms) {
+  char root[256];
+  const mc_wait_view_t view = {a2a, cpu_gone, cpu_waiting};
+  mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
+  return mc_fail(a2a->err, MC_ERR_TIMEOUT, "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
+                 phase, a2a->comm->rank, timeout_ms, peer, mc_sig_name(slot), (unsigned long long)target,
+                 (unsigned long long)v, root);
 }
 
-mc_result_t mc_cpu_wait_ge_for(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
-                               uint64_t *seen, int timeout_ms) {
+mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
+                           uint64_t *seen) {
+  const int timeout_ms = a2a->comm->timeout_ms;
   _Atomic uint64_t *sig = sig_at(mc_cpu_mine(a2a), &a2a->shape, slot, peer);
   uint64_t v = atomic_load_explicit(sig, memory_order_acquire);
   if (v >= target) goto done;
@@ -83,19 +91,55 @@ mc_result_t mc_cpu_wait_ge_for(mc_a2a_t *a2a, const char *phase, int slot, int p
     v = atomic_load_explicit(sig, memory_order_acquire);
     if (v >= target) break;
     if (it > 32) sched_yield();
-    if (it % 64 == 0 && now_ns() > deadline) {
-      char root[256];
-      const mc_wait_view_t view = {a2a, cpu_gone, cpu_waiting};
-      mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
-      return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                     "%s: rank %d timed out after %d ms waiting for rank %d (%s: expected %llu, saw %llu)%s",
-                     phase, a2a->comm->rank, timeout_ms, peer, mc_sig_name(slot),
-                     (unsigned long long)target, (unsigned long long)v, root);
-    }
+    if (it % 64 == 0 && now_ns() > deadline) return timed_out(a2a, phase, slot, peer, target, v, timeout_ms);
   }
   atomic_store_explicit(waiting, 0, memory_order_relaxed);
 done:
   if (seen) *seen = v;
+  return MC_SUCCESS;
+}
+
+typedef struct mc_cpu_wait {
+  uint64_t until;  /* its deadline in ns; 0: not waited for (skipped, or its wait is over) */
+  uint64_t expect; /* what check expects of it, as check last said */
+} mc_cpu_wait_t;
+
+mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const uint8_t *skip,
+                             mc_cpu_check_fn check, void *ctx, int timeout_ms) {
+  const int W = a2a->comm->world_size;
+  unsigned char *mine = mc_cpu_mine(a2a);
+  mc_cpu_wait_t *w = mc_cpu(a2a)->waits;
+  const uint64_t span = (uint64_t)timeout_ms * 1000000ull, t0 = now_ns();
+  int left = 0;
+  for (int p = 0; p < W; p++) {
+    w[p].until = skip[p] ? 0 : t0 + span;
+    w[p].expect = 0;
+    left += !skip[p];
+  }
+  _Atomic uint64_t *waiting = waiting_word(a2a, a2a->comm->rank);
+  /* Every peer in each pass: a peer's value may ask this rank to act (the
+   * mask steps join a peer's new attempt), and doing so only once the
+   * peers before it are done can leave ranks waiting on each other in a
+   * ring. Spin, then yield, as mc_cpu_wait_ge does. */
+  for (unsigned it = 1; left > 0; it++) {
+    const uint64_t now = it > 32 ? now_ns() : t0;
+    int first = -1;
+    for (int p = 0; p < W; p++) {
+      if (!w[p].until) continue;
+      _Atomic uint64_t *sig = sig_at(mine, &a2a->shape, slot, p);
+      const uint64_t v = atomic_load_explicit(sig, memory_order_acquire), before = w[p].expect;
+      if (check(ctx, p, v, &w[p].expect)) {
+        w[p].until = 0;
+        left--;
+        continue;
+      }
+      if (w[p].expect != before) w[p].until = now_ns() + span;
+      else if (now > w[p].until) return timed_out(a2a, phase, slot, p, w[p].expect, v, timeout_ms);
+      if (first < 0) first = p;
+    }
+    atomic_store_explicit(waiting, first < 0 ? 0 : (uint64_t)first + 1, memory_order_relaxed);
+    if (it > 32) sched_yield();
+  }
   return MC_SUCCESS;
 }
 
@@ -107,6 +151,7 @@ static void release_all(mc_a2a_t *a2a) {
   free(c->peer);
   free(c->pid);
   free(c->barriers);
+  free(c->waits);
   free(c->ws);
   free(c);
   a2a->impl = NULL;
@@ -130,9 +175,10 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
   c->pid = calloc((size_t)W, sizeof *c->pid);
   c->ws = calloc(1, mc_workspace_bytes(s));
   c->barriers = calloc((size_t)W, sizeof *c->barriers);
+  c->waits = calloc((size_t)W, sizeof *c->waits);
   mc_shm_card_t mine, *all = calloc((size_t)W, sizeof mine);
   map_verdict_t verdict = {1, ""}, *verdicts = calloc((size_t)W, sizeof verdict);
-  if (!c->peer || !c->pid || !c->ws || !c->barriers || !all || !verdicts) {
+  if (!c->peer || !c->pid || !c->ws || !c->barriers || !c->waits || !all || !verdicts) {
     /* without a place to receive, we cannot take part in the exchange; the
      * peers' allgather fails on its own timeout */
     free(all);
