@@ -226,6 +226,14 @@ MC_HD uint32_t mc_e4m3x2(float a, float b) {
 MC_HD uint32_t mc_e4m3x4_nan(uint32_t q) {
   return q & (((~q & 0x7f7f7f7fu) + 0x7f7f7f7fu) | 0x7f7f7f7fu);
 }
+/* whether a part's 16 values are all finite: the bf16x2 maximum of the
+ * magnitudes that keeps a NaN is below Inf in both halves */
+MC_HD int mc_quant_finite16(const uint32_t w[8]) {
+  uint32_t m = w[0] & 0x7fff7fffu;
+  MC_QUANT_UNROLL
+  for (int i = 1; i < 8; i++) asm("max.NaN.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(w[i] & 0x7fff7fffu));
+  return (m & 0x7f80u) != 0x7f80u && (m & 0x7f800000u) != 0x7f800000u;
+}
 #endif
 
 MC_HD uint32_t mc_quant_values16(const uint32_t w[8], float amax, int ue8m0, uint32_t q[4]) {
@@ -243,18 +251,23 @@ MC_HD uint32_t mc_quant_values16(const uint32_t w[8], float amax, int ue8m0, uin
     return (uint32_t)(e + 127);
   }
   const float s = amax > 0.0f ? amax / MC_E4M3_MAX : 1.0f;
-  if (s >= 0x1p-100f) { /* mc_quant_values' quotient, k = 1 */
+  if (s >= 0x1p-100f && mc_quant_finite16(w)) {
+    /* mc_quant_values' quotient, k = 1, with its remainder as -(q0 s - x):
+     * the same value, but a zero x keeps its sign through it (for x = -0,
+     * x - q0 s is +0, and so is the quotient), so finite values need none
+     * of the checks there;
+     * their bytes hold no NaN. Every finite bf16 value of every block of
+     * such a scale gives the division's byte (test gpu_quant_division). */
     const float r = 1.0f / s;
     float y[16];
     MC_QUANT_UNROLL
     for (int i = 0; i < 16; i++) {
       const float x = mc_bits_f32(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16), q0 = x * r;
-      const uint32_t b = mc_f32_bits(q0) & 0x7fffffffu;
-      y[i] = b - 1u < 0x7f7fffffu ? fmaf(fmaf(-q0, s, x), r, q0) : q0;
+      y[i] = fmaf(-fmaf(q0, s, -x), r, q0);
     }
     MC_QUANT_UNROLL
     for (int i = 0; i < 4; i++)
-      q[i] = mc_e4m3x4_nan(mc_e4m3x2(y[4 * i], y[4 * i + 1]) | mc_e4m3x2(y[4 * i + 2], y[4 * i + 3]) << 16);
+      q[i] = mc_e4m3x2(y[4 * i], y[4 * i + 1]) | mc_e4m3x2(y[4 * i + 2], y[4 * i + 3]) << 16;
     return mc_f32_bits(s);
   }
 #endif
