@@ -85,16 +85,17 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
   for (int t = begin + gw; t < end; t += nw) {
     unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
-    if (a.quant) { /* the payload and scales made piece by piece from the bf16 row */
+    if (a.quant) { /* the payload and scales made part by part from the bf16 row */
       for (int j = 0; j < mc_token_segs(s); j++) {
         const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
         const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
-        int4 v[4];
-        uint32_t sc[4];
-        unsigned char *d = rec + mc_record_payload_off(s);
-        mc_quant_piece(a, t, j, bytes, v, sc, lane);
-        mc_warp_piece_store(&d, 1, po, v, bytes, lane);
-        mc_quant_piece_scales(a, j, bytes, sc, rec + mc_record_scale_off(s), lane);
+        for (int qq = 0; qq < MC_QUANT_WARPS; qq++) {
+          int4 v;
+          uint32_t sc;
+          mc_quant_part(a, t, j, bytes, qq, lane, &v, &sc);
+          mc_quant_part_store(a, j, bytes, qq, lane, v, sc, rec + mc_record_payload_off(s) + po,
+                              rec + mc_record_scale_off(s));
+        }
       }
       continue;
     }
@@ -149,7 +150,8 @@ MC_DEV mc_target_t mc_header_target(const mc_kargs_t &a, const int K, const mc_r
   return tg;
 }
 
-/* ---- dispatch-send: the records, a warp per (token, payload piece) ----
+/* ---- dispatch-send: the records, a warp per (token, payload piece), or
+ * MC_QUANT_WARPS where it quantises (mc_gpu_quant.cuh) ----
  * Piece j of token t is its payload bytes [j, j + 1) x MC_SEG_BYTES (the
  * last piece also the scales), loaded once and stored into the record slot
  * of every directly reachable destination. A destination reached only by
@@ -169,17 +171,23 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
   const int gw = ((blockIdx.x - b0) * blockDim.x + threadIdx.x) >> 5, nw = ((gridDim.x - b0) * blockDim.x) >> 5;
   const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
-  for (int it = gw; it < (end - begin) * S; it += nw) {
-    const int tt = it / S, j = it % S, t = begin + tt;
+  /* quantising, MC_QUANT_WARPS neighbouring warps a piece, all in one
+   * block (a block's warps are a multiple of them, as is nw): the first
+   * (qq 0) counts the piece, and the block's signal follows all four */
+  const int per = quant ? MC_QUANT_WARPS : 1;
+  for (int it = gw; it < (end - begin) * S * per; it += nw) {
+    const int pc = it / per, qq = it % per, tt = pc / S, j = pc % S, t = begin + tt;
     const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
     const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
     const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
-    int4 v[4]; /* the piece, loaded (or quantised) once for every destination, before the table is read */
-    uint32_t qsc[4]; /* quantising: the scales of the piece's blocks */
-    if (quant) mc_quant_piece(a, t, j, bytes, v, qsc, lane);
+    int4 v[4]; /* the piece (quantising: v[0] the part), loaded or made once for every destination,
+                  before the table is read */
+    uint32_t qsc = 0; /* quantising: the scale of the part's block */
+    if (quant) mc_quant_part(a, t, j, bytes, qq, lane, &v[0], &qsc);
     else mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
+    const int first = qq == 0 && j == 0; /* the warp that brings the header */
     int at = 0; /* one launch, piece 0: this lane's target of the header */
-    const mc_target_t tg = !hdr_staged && j == 0 ? mc_header_target(a, K, tab, t, tt, &at) : mc_target_t{0, 0, 0.0f};
+    const mc_target_t tg = !hdr_staged && first ? mc_header_target(a, K, tab, t, tt, &at) : mc_target_t{0, 0, 0.0f};
     const int nd = tab.ndest[t];
     /* one destination at a time: a table of destination pointers, indexed
      * by a running count, lived in local memory (a load per store) */
@@ -188,21 +196,23 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
       const uint64_t off = mc_disp_recv_off(s, a.rank, (int)tab.ridx[(int64_t)tt * K + q]);
       unsigned char *peer = mc_t_peer_window(&a, d);
       if (!peer) {
-        if (j == 0) mc_t_put_signal_warp(&a, off, rec, rec_bytes, MC_SIG_DISP_RECS, mc_record_pieces(s), MC_SIG_ADD, d);
+        if (first) mc_t_put_signal_warp(&a, off, rec, rec_bytes, MC_SIG_DISP_RECS, mc_record_pieces(s), MC_SIG_ADD, d);
         continue;
       }
-      if (lane == 0) atomicAdd(&sent[d], j == 0 ? 2u : 1u); /* piece 0 brings the header too */
+      if (lane == 0 && qq == 0) atomicAdd(&sent[d], j == 0 ? 2u : 1u); /* piece 0 brings the header too */
       unsigned char *dst = peer + off;
-      if (hdr_staged && j == 0) mc_warp_piece16_to(&dst, 1, 0, rec, (uint32_t)hdr, lane);
-      if (!hdr_staged && j == 0) {
+      if (hdr_staged && first) mc_warp_piece16_to(&dst, 1, 0, rec, (uint32_t)hdr, lane);
+      if (!hdr_staged && first) {
         mc_record_header_t *h = (mc_record_header_t *)dst;
         if (lane < K) h->targets[at] = tg;
         if (lane == 0) h->token = t, h->n_targets = K;
       }
+      if (quant) {
+        mc_quant_part_store(a, j, bytes, qq, lane, v[0], qsc, dst + poff + po, dst + soff);
+        continue;
+      }
       mc_warp_piece_store(&dst, 1, poff + po, v, bytes, lane);
-      if (quant)
-        mc_quant_piece_scales(a, j, bytes, qsc, dst + soff, lane);
-      else if (j == S - 1 && s->scale_bytes)
+      if (j == S - 1 && s->scale_bytes)
         mc_warp_piece4_to(&dst, 1, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
                           s->scale_bytes, lane);
     }

@@ -100,14 +100,15 @@ static cudaError_t launch_recv(const mc_gpu_t *g, const void *fn, int grid, int 
 /* Blocks of the one-launch dispatch kernel for a call of m tokens. Every
  * block preps every token, so fewer blocks do less of the same work: where
  * this rank has its GPU alone, a warp for each payload piece of the call
- * (block 0 stores none) and at least a quarter of the grid. A quarter
+ * (MC_QUANT_WARPS where it quantises; block 0 stores none) and at least a quarter of the grid. A quarter
  * against the whole grid, EP2 on two H200s, whole: dispatch 30.5-30.6
  * against 31.3-31.4 us at 128 tokens, 24.2-24.3 against 24.7-24.9 at 1
  * token, 25.5-25.6 against 26.2-27.1 for 64 experts top-6 hidden 2048
  * (docs/performance.md). Ranks sharing a GPU keep their whole share. */
-static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m) {
+static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant) {
   if (!g->alone) return g->grid;
-  const int64_t warps = MC_THREADS / 32, need = ((int64_t)m * mc_token_segs(s) + warps - 1) / warps + 1;
+  const int64_t warps = MC_THREADS / 32, per = quant ? MC_QUANT_WARPS : 1;
+  const int64_t need = ((int64_t)m * mc_token_segs(s) * per + warps - 1) / warps + 1;
   const int64_t b = need > g->grid / 4 ? need : g->grid / 4;
   return b < 1 ? 1 : b > g->grid ? g->grid : (int)b;
 }
@@ -133,7 +134,7 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
       g->recv_owed = 0;
     }
     if (g->one && !masked && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
-      e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m)), dim3(MC_THREADS), args,
+      e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m, ka.quant)), dim3(MC_THREADS), args,
                            mc_one_smem_bytes(s), st);
     } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
       const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
