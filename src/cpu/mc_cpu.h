@@ -34,10 +34,11 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
  * for that peer is over; else 0, with the value it waits for in *expect. */
 typedef int (*mc_cpu_check_fn)(void *ctx, int peer, uint64_t value, uint64_t *expect);
 /* Wait on this rank's signal (slot) from every peer with skip[peer] clear
- * at once, each read with acquire order and given to check, until check
- * has said 1 for each. Each peer has timeout_ms from the start or from the
- * last change of what check expects of it; on expiry MC_ERR_TIMEOUT, with
- * a text as mc_cpu_wait_ge's. */
+ * at once, each read with acquire order and given to check, in passes over
+ * them all, until one pass finds check saying 1 for every one. Each peer
+ * has timeout_ms from the start, from the last change of what check
+ * expects of it, or from when check stopped saying 1 for it; on expiry
+ * MC_ERR_TIMEOUT, with a text as mc_cpu_wait_ge's. */
 mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const uint8_t *skip,
                              mc_cpu_check_fn check, void *ctx, int timeout_ms);
 

@@ -26,7 +26,14 @@
  *   taken in). Without joining, a retry leaves the two numbers apart.
  * A value of the pair's attempt is current: a peer that left a call made
  * with this rank saw this rank's step 2 of that attempt, so this rank's
- * next call has a larger number; one that gave up has said so.
+ * next call has a larger number; one that gave up has said so. But a peer
+ * a step was done with may give up on the call later (it timed out on a
+ * third rank), and call again: so a step is over only when one look at
+ * every kept peer finds it done with all of them (mc_cpu_wait_each reads
+ * them all again in each pass), and a peer that moved on is followed by
+ * the rules above. Without it, a rank could take in a peer's state of a
+ * call that peer gave up, pair its next call with the others' and succeed
+ * where they time out.
  * 1. "stopped": before it, each writes its last round (MC_SIG_RESYNC_ROUND).
  *    Once every kept rank has signalled it, none of them sends a record or
  *    row any more, and what they sent has landed (the puts are copies made

@@ -100,7 +100,7 @@ done:
 }
 
 typedef struct mc_cpu_wait {
-  uint64_t until;  /* its deadline in ns; 0: not waited for (skipped, or its wait is over) */
+  uint64_t until;  /* its deadline in ns; 0: check said 1 for it in the last pass */
   uint64_t expect; /* what check expects of it, as check last said */
 } mc_cpu_wait_t;
 
@@ -110,37 +110,39 @@ mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const u
   unsigned char *mine = mc_cpu_mine(a2a);
   mc_cpu_wait_t *w = mc_cpu(a2a)->waits;
   const uint64_t span = (uint64_t)timeout_ms * 1000000ull, t0 = now_ns();
-  int left = 0;
   for (int p = 0; p < W; p++) {
-    w[p].until = skip[p] ? 0 : t0 + span;
+    w[p].until = t0 + span;
     w[p].expect = 0;
-    left += !skip[p];
   }
   _Atomic uint64_t *waiting = waiting_word(a2a, a2a->comm->rank);
   /* Every peer in each pass: a peer's value may ask this rank to act (the
    * mask steps join a peer's new attempt), and doing so only once the
    * peers before it are done can leave ranks waiting on each other in a
-   * ring. Spin, then yield, as mc_cpu_wait_ge does. */
-  for (unsigned it = 1; left > 0; it++) {
+   * ring. A peer check has said 1 for is read again in every pass, and the
+   * wait is over when one pass finds every peer done: until then the peer
+   * may move on (a mask step's peer that gave up on the call after this
+   * rank saw its step, then called again), and what was seen of it would
+   * be stale. Spin, then yield, as mc_cpu_wait_ge does. */
+  for (unsigned it = 1;; it++) {
     const uint64_t now = it > 32 ? now_ns() : t0;
     int first = -1;
     for (int p = 0; p < W; p++) {
-      if (!w[p].until) continue;
+      if (skip[p]) continue;
       _Atomic uint64_t *sig = sig_at(mine, &a2a->shape, slot, p);
       const uint64_t v = atomic_load_explicit(sig, memory_order_acquire), before = w[p].expect;
+      const int was_done = w[p].until == 0;
       if (check(ctx, p, v, &w[p].expect)) {
         w[p].until = 0;
-        left--;
         continue;
       }
-      if (w[p].expect != before) w[p].until = now_ns() + span;
+      if (was_done || w[p].expect != before) w[p].until = now_ns() + span;
       else if (now > w[p].until) return timed_out(a2a, phase, slot, p, w[p].expect, v, timeout_ms);
       if (first < 0) first = p;
     }
     atomic_store_explicit(waiting, first < 0 ? 0 : (uint64_t)first + 1, memory_order_relaxed);
+    if (first < 0) return MC_SUCCESS;
     if (it > 32) sched_yield();
   }
-  return MC_SUCCESS;
 }
 
 /* Let go of every window this rank uses (the last user in this process

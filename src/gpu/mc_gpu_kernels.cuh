@@ -371,6 +371,33 @@ MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, unsi
   }
 }
 
+/* Whether peer p's slot says step k is done with it, as mc_mask_wait
+ * would return on it now. */
+MC_DEV int mc_mask_done(const mc_kargs_t *a, const uint64_t *calls, int p, int k) {
+  const uint64_t v = mc_sig_load(a, mc_sig_local(a, MC_SIG_RESYNC, p)), b = v / 4, n = calls[p];
+  return (b == n && v % 4 >= (uint64_t)k) || (k == 2 && b == n + 1 && v % 4 != 0);
+}
+
+/* Step k with every kept peer, a thread each, until one look finds it
+ * done with all of them: a peer it was done with may have moved on since
+ * (given up on the call after this rank saw its step, then called again),
+ * and what was seen of it would be stale (the cpu transport's
+ * mc_cpu_wait_each reads every peer again in each pass for the same
+ * reason). 1 on a timeout. Every thread of the block calls it. */
+MC_DEV int mc_mask_step(const mc_kargs_t *a, uint64_t *calls, int k, unsigned long long *round,
+                        unsigned int *barriers) {
+  const int W = a->s.world_size;
+  for (;;) {
+    int failed = 0, moved = 0;
+    for (int p = threadIdx.x; p < W; p += blockDim.x)
+      if (!mc_masked(1, a, p) && mc_mask_wait(a, calls, p, k, round, barriers)) failed = 1;
+    if (__syncthreads_or(failed)) return 1;
+    for (int p = threadIdx.x; p < W; p += blockDim.x)
+      if (!mc_masked(1, a, p) && !mc_mask_done(a, calls, p, k)) moved = 1;
+    if (!__syncthreads_or(moved)) return 0;
+  }
+}
+
 /* A failed call: the next one with each kept peer skips a number, left in
  * the peer's slot with step 0 ("gave up"). */
 MC_DEV void mc_mask_used_up(const mc_kargs_t *a, uint64_t *calls) {
@@ -386,11 +413,9 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   __shared__ unsigned long long round;
   __shared__ unsigned int barriers;
-  __shared__ int abort_;
   if (tid == 0) {
     round = max(*mc_ws_round(&a), *drecv_round); /* dispatch-recv's may lag dispatch-send's in a broken round */
     barriers = sc[MC_WS_BARRIERS];
-    abort_ = 0;
   }
   __syncthreads();
   for (int p = tid; p < W; p += blockDim.x)
@@ -407,10 +432,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
       mc_signal_set(a, p, MC_SIG_RESYNC_ROUND, round); /* release order: seen before the step */
       mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 1);
     }
-  for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 1, &round, &barriers)) abort_ = 1;
-  __syncthreads();
-  if (abort_) {
+  if (mc_mask_step(&a, calls, 1, &round, &barriers)) {
     mc_mask_used_up(&a, calls);
     return;
   }
@@ -420,10 +442,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   __syncthreads();
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) mc_signal_set(a, p, MC_SIG_RESYNC, 4 * calls[p] + 2);
-  int failed = 0;
-  for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(1, &a, p) && mc_mask_wait(&a, calls, p, 2, &round, &barriers)) failed = 1;
-  if (__syncthreads_or(failed)) mc_mask_used_up(&a, calls);
+  if (mc_mask_step(&a, calls, 2, &round, &barriers)) mc_mask_used_up(&a, calls);
   if (tid == 0) {
     *mc_ws_round(&a) = round;
     sc[MC_WS_BARRIERS] = barriers;
