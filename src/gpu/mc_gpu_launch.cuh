@@ -100,11 +100,12 @@ static cudaError_t launch_recv(const mc_gpu_t *g, const void *fn, int grid, int 
 /* Blocks of the one-launch dispatch kernel for a call of m tokens. Every
  * block preps every token, so fewer blocks do less of the same work: where
  * this rank has its GPU alone, a warp for each payload piece of the call
- * (MC_QUANT_WARPS where it quantises; block 0 stores none) and at least a quarter of the grid. A quarter
- * against the whole grid, EP2 on two H200s, whole: dispatch 30.5-30.6
- * against 31.3-31.4 us at 128 tokens, 24.2-24.3 against 24.7-24.9 at 1
- * token, 25.5-25.6 against 26.2-27.1 for 64 experts top-6 hidden 2048
- * (docs/performance.md). Ranks sharing a GPU keep their whole share. */
+ * (MC_QUANT_WARPS where it quantises; block 0 stores none) and at least a
+ * quarter of the grid. A quarter against the whole grid, EP2 on two H200s,
+ * whole: dispatch 30.5-30.6 against 31.3-31.4 us at 128 tokens, 24.2-24.3
+ * against 24.7-24.9 at 1 token, 25.5-25.6 against 26.2-27.1 for 64 experts
+ * top-6 hidden 2048 (docs/performance.md). Ranks sharing a GPU keep their
+ * whole share. */
 static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant) {
   if (!g->alone) return g->grid;
   const int64_t warps = MC_THREADS / 32, per = quant ? MC_QUANT_WARPS : 1;

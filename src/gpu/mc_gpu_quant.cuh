@@ -49,8 +49,8 @@ MC_DEV void mc_quant_part(const mc_kargs_t &a, int t, int j, uint32_t bytes, int
 /* The part's 16 bytes into a record's payload piece at piece (lane
  * + 32 qq, as mc_quant_part), and its block's scale into the record's
  * scale area at rec_scales, by the first of the block's 8 lanes. */
-MC_DEV void mc_quant_part_store(const mc_kargs_t &a, int j, uint32_t bytes, int qq, int lane, const int4 &v, uint32_t sc,
-                                unsigned char *piece, unsigned char *rec_scales) {
+MC_DEV void mc_quant_part_store(const mc_kargs_t &a, int j, uint32_t bytes, int qq, int lane, const int4 &v,
+                                uint32_t sc, unsigned char *piece, unsigned char *rec_scales) {
   const uint32_t part = lane + 32u * qq;
   if (part >= bytes / 16) return;
   ((int4 *)piece)[part] = v;
