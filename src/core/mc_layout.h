@@ -72,6 +72,15 @@ static inline const char *mc_sig_name(int slot) {
   return slot >= 0 && slot < MC_SIG_COUNT ? names[slot] : "?";
 }
 
+/* Whether a peer's MC_SIG_RESYNC value v ends step k (1 or 2) of a mask
+ * call made under the pair's attempt n: the peer is on n at step k or
+ * later, or, in step 2, on n + 1 and not given up (step 0): it saw this
+ * step, left the call and made its next one. The rules and why:
+ * src/cpu/mc_cpu_mask.c; both transports decide by this. */
+MC_HD int mc_resync_done(uint64_t v, uint64_t n, int k) {
+  return (v / 4 == n && v % 4 >= (uint64_t)k) || (k == 2 && v / 4 == n + 1 && v % 4 != 0);
+}
+
 /* How a put or signal updates the receiver's signal word. */
 enum { MC_SIG_SET = 0, MC_SIG_ADD = 1 };
 

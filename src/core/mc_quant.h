@@ -255,9 +255,9 @@ MC_HD uint32_t mc_quant_values16(const uint32_t w[8], float amax, int ue8m0, uin
     /* mc_quant_values' quotient, k = 1, with its remainder as -(q0 s - x):
      * the same value, but a zero x keeps its sign through it (for x = -0,
      * x - q0 s is +0, and so is the quotient), so finite values need none
-     * of the checks there;
-     * their bytes hold no NaN. Every finite bf16 value of every block of
-     * such a scale gives the division's byte (test gpu_quant_division). */
+     * of the checks there, and their bytes hold no NaN. Every finite bf16
+     * value of every block of such a scale gives the division's byte
+     * (test gpu_quant_division). */
     const float r = 1.0f / s;
     float y[16];
     MC_QUANT_UNROLL

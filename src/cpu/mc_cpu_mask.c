@@ -83,7 +83,7 @@ static int step_done(void *ctx, int p, uint64_t v, uint64_t *expect) {
   const mask_step_t *st = ctx;
   mc_a2a_t *a2a = st->a2a;
   const uint64_t k = (uint64_t)st->k, a = a2a->mask_calls[p], b = v / 4;
-  if (b == a && v % 4 >= k) return 1;
+  if (mc_resync_done(v, a, st->k)) return 1;
   if (b <= a) { /* not there yet */
     *expect = 4 * a + k;
     return 0;
@@ -92,7 +92,6 @@ static int step_done(void *ctx, int p, uint64_t v, uint64_t *expect) {
     *expect = 4 * b + 1;
     return 0;
   }
-  if (k == 2 && b == a + 1) return 1;
   a2a->mask_calls[p] = b; /* it called again: join */
   if (k == 2) take_in(a2a, p);
   mc_cpu_signal(a2a, p, MC_SIG_RESYNC, 4 * b + k, MC_SIG_SET);

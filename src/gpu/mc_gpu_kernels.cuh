@@ -354,28 +354,20 @@ MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, unsi
   int joined = 0;
   for (;;) {
     if (mc_dev_wait_ge(a, sig, target, MC_PHASE_MASK, p, MC_SIG_RESYNC, *round)) return 1;
-    const uint64_t v = mc_sig_load(a, sig), b = v / 4, n = calls[p];
-    if (b == n) {
-      if (joined) mc_mask_take_in(a, p, round, barriers);
+    const uint64_t v = mc_sig_load(a, sig), b = v / 4;
+    if (mc_resync_done(v, calls[p], k)) {
+      if (joined && b == calls[p]) mc_mask_take_in(a, p, round, barriers);
       return 0;
     }
     if (v % 4 == 0) { /* it gave up on a call: wait for its next one */
       target = 4 * b + 1;
       continue;
     }
-    if (k == 2 && b == n + 1) return 0; /* it left this call and is in its next */
     calls[p] = b; /* it called again: join */
     joined = k == 2;
     mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * b + k);
     target = 4 * b + k;
   }
-}
-
-/* Whether peer p's slot says step k is done with it, as mc_mask_wait
- * would return on it now. */
-MC_DEV int mc_mask_done(const mc_kargs_t *a, const uint64_t *calls, int p, int k) {
-  const uint64_t v = mc_sig_load(a, mc_sig_local(a, MC_SIG_RESYNC, p)), b = v / 4, n = calls[p];
-  return (b == n && v % 4 >= (uint64_t)k) || (k == 2 && b == n + 1 && v % 4 != 0);
 }
 
 /* Step k with every kept peer, a thread each, until one look finds it
@@ -393,7 +385,8 @@ MC_DEV int mc_mask_step(const mc_kargs_t *a, uint64_t *calls, int k, unsigned lo
       if (!mc_masked(1, a, p) && mc_mask_wait(a, calls, p, k, round, barriers)) failed = 1;
     if (__syncthreads_or(failed)) return 1;
     for (int p = threadIdx.x; p < W; p += blockDim.x)
-      if (!mc_masked(1, a, p) && !mc_mask_done(a, calls, p, k)) moved = 1;
+      if (!mc_masked(1, a, p) && !mc_resync_done(mc_sig_load(a, mc_sig_local(a, MC_SIG_RESYNC, p)), calls[p], k))
+        moved = 1;
     if (!__syncthreads_or(moved)) return 0;
   }
 }
