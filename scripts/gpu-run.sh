@@ -187,7 +187,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_bench_floor gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done

@@ -6,6 +6,7 @@
 #define MC_ERRTEXT_LEN_TEST 512
 
 #include "mc_test.h"
+#include "moecomm_bench.h"
 
 int test_version_and_strings(void) {
   MC_CHECK(mc_version() == MC_VERSION);
@@ -304,6 +305,34 @@ int test_mask_rules(void) {
   MC_CHECK_RC(mc_a2a_mask_ranks(a2a, mask), MC_ERR_INVALID_USAGE);
   MC_CHECK_RC(mc_a2a_get_mask(a2a, got), MC_ERR_INVALID_USAGE);
   MC_CHECK_RC(mc_a2a_mask_ranks(NULL, mask), MC_ERR_INVALID_ARG);
+  solo_close(&s);
+  return 0;
+}
+
+/* mc_a2a_bench_floor: its arguments checked like a call's, the cpu
+ * transport (no kernels) refused by name, and the round untouched. */
+int test_bench_floor_rules(void) {
+  solo_t s;
+  MC_CHECK(solo_open_on(&s, 1, MC_TRANSPORT_CPU) == 0);
+  mc_a2a_config_t ac = small_config(4, 8, 2, 16, 8);
+  mc_a2a_t *a2a;
+  MC_CHECK_OK(mc_a2a_create(s.comm, &ac, &a2a));
+  MC_CHECK_RC(mc_a2a_bench_floor(a2a, 2, 1, MC_SEND_RECV, NULL), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "phase=2") != NULL);
+  MC_CHECK_RC(mc_a2a_bench_floor(a2a, MC_BENCH_DISPATCH, 1, 4u, NULL), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "flags=0x4") != NULL);
+  MC_CHECK_RC(mc_a2a_bench_floor(a2a, MC_BENCH_COMBINE, 5, MC_SEND, NULL), MC_ERR_INVALID_ARG);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "m=5") != NULL);
+  MC_CHECK_RC(mc_a2a_bench_floor(a2a, MC_BENCH_DISPATCH, 1, MC_SEND_RECV, NULL), MC_ERR_UNSUPPORTED);
+  MC_CHECK(strstr(mc_a2a_last_error(a2a), "cpu transport") != NULL);
+  MC_CHECK_RC(mc_a2a_bench_floor(NULL, MC_BENCH_DISPATCH, 1, MC_SEND, NULL), MC_ERR_INVALID_ARG);
+  _Alignas(16) unsigned char tok[4 * 16], x[8 * 64 * 16], y[8 * 64 * 8 * 4], out[4 * 8 * 4];
+  memset(tok, 0x22, sizeof tok), memset(y, 0, sizeof y);
+  int32_t cnt[8], ids[4 * 2] = {0, 1, 2, 3, 4, 5, 6, 7};
+  MC_CHECK_OK(mc_dispatch(a2a, tok, NULL, ids, NULL, 4, NULL, x, NULL, cnt, MC_SEND_RECV, NULL));
+  MC_CHECK(cnt[0] == 1 && cnt[7] == 1);
+  MC_CHECK_OK(mc_combine(a2a, y, out, MC_SEND_RECV, NULL));
+  MC_CHECK_OK(mc_a2a_destroy(a2a));
   solo_close(&s);
   return 0;
 }

@@ -513,6 +513,45 @@ int test_gpu_graph(void) {
   return 0;
 }
 
+/* The benchmark's view of a captured engine call and of the launch floor:
+ * m = max_tokens with the valid tokens in bound_m (fewer than max_tokens),
+ * timed as graph replays and eagerly, halves and whole, with each phase's
+ * empty kernels (mc_a2a_bench_floor) timed the same way after the rounds;
+ * the checked rounds before and the one after match the reference, and
+ * every floor sample is a time (the empty kernels ran and were timed). */
+int test_gpu_bench_floor(void) {
+  REQUIRE_GPU();
+  for (int mode = 0; mode < 3; mode++) { /* graph whole, eager whole, eager halves */
+    mc_case_t c;
+    mc_ref_deepseek_case(cap_world(2), 32, &c);
+    c.seed = mc_test_seed + (uint64_t)mode;
+    c.tokens = 3;
+    c.bound_fixed = 1;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 20;
+    o.warmup = 3;
+    o.check_first = 2;
+    o.barrier = 1;
+    o.floor = 1;
+    o.graph_timed = mode == 0;
+    o.whole = mode < 2 ? 1 : 0;
+    mc_run_result_t res;
+    const int failed = run_gpu_result(&c, &o, &res);
+    MC_CHECK_MSG(failed == 0, "mode %d: %s", mode, failed < 0 ? "could not start" : mc_run_first_failure(&res));
+    for (int r = 0; r < c.world_size; r++)
+      for (int ph = 0; ph < MC_PH_COUNT; ph++) {
+        const int timed = !o.whole || ph == MC_PH_DISPATCH_SEND || ph == MC_PH_COMBINE_SEND;
+        for (int i = 0; i < o.rounds; i++) {
+          const double f = res.floor_us[((size_t)r * MC_PH_COUNT + (size_t)ph) * (size_t)o.rounds + (size_t)i];
+          MC_CHECK_MSG(timed ? f > 0.5 && f < 1e5 : f == 0, "mode %d rank %d phase %d sample %d: floor %g us", mode,
+                       r, ph, i, f);
+        }
+      }
+    mc_run_free(&res);
+  }
+  return 0;
+}
+
 /* p2p with ranks as threads of one process (what an engine that drives its
  * GPUs from threads runs): peers' windows used at their own addresses, no
  * IPC; on a machine of fewer GPUs than ranks several threads share a GPU,

@@ -31,7 +31,10 @@ static void usage(FILE *f) {
       "\n"
       "  -n, --ranks N         ranks (world_size)                         [8]\n"
       "  -g, --group-size G    ranks holding the same tokens              [1]\n"
-      "  -t, --tokens T        tokens per group per call (max_tokens)     [128]\n"
+      "  -t, --tokens T        tokens per group per call (m)              [128]\n"
+      "      --max-tokens N    the handle's max_tokens, N >= T (what its buffers are sized for) [T]\n"
+      "      --bound-m         pass m = max_tokens and the T tokens through bound_m, read on the\n"
+      "                        device: the call an engine captures once in a CUDA graph\n"
       "  -e, --experts E       global experts                             [256]\n"
       "  -k, --topk K          experts per token                          [8]\n"
       "      --hidden H        combine row length                         [7168]\n"
@@ -54,9 +57,10 @@ static void usage(FILE *f) {
       "      --split           other work between each send and its recv\n"
       "      --whole           GPU: dispatch and combine each as one call (MC_SEND_RECV), timed\n"
       "                        as one span: what an engine runs when nothing goes between\n"
-      "      --floor           GPU: also time mc_a2a_barrier alone, as a round is timed (a mark\n"
-      "                        on each side): what a half that waits on every peer costs here\n"
-      "                        with no bytes moved (CUDA events and launches under MPS)\n"
+      "      --floor           GPU: also time the launch floor: per phase, an empty sending and an\n"
+      "                        empty receiving kernel launched as the phase's kernels are (grid,\n"
+      "                        block, shared memory, early launch), timed as the phase is (--whole\n"
+      "                        or halves, --graph or eager): what no kernel work at all costs\n"
       "      --graph           GPU: time replays of one captured round (CUDA graph: no launch\n"
       "                        overhead on the host); the warm-up rounds run eagerly\n"
       "      --int64-ids       top-k ids as int64 (MC_INDEX_INT64, as torch.topk returns them)\n"
@@ -114,7 +118,8 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
   mc_run_opts_t *o = &a->o;
   int token_bytes_set = 0, scale_bytes_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
-         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT, O_QAPART };
+         O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT, O_QAPART, O_MAXTOK,
+         O_BOUND };
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -125,14 +130,16 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
       {"check-first", 1, 0, O_CHECKFIRST}, {"no-dense", 0, 0, O_NODENSE}, {"sizes", 0, 0, O_SIZES}, {"nccl", 0, 0, O_NCCL},
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
       {"floor", 0, 0, O_FLOOR},   {"int64-ids", 0, 0, O_IDS64}, {"quantise", 1, 0, O_QUANT},
-      {"quantise-apart", 0, 0, O_QAPART},
+      {"quantise-apart", 0, 0, O_QAPART}, {"max-tokens", 1, 0, O_MAXTOK}, {"bound-m", 0, 0, O_BOUND},
       {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "n:g:t:e:k:r:w:s:h", longs, NULL)) != -1) {
     switch (ch) {
     case 'n': c->world_size = atoi(optarg); break;
     case 'g': c->group_size = atoi(optarg); break;
-    case 't': c->max_tokens = atoi(optarg); break;
+    case 't': c->tokens = atoi(optarg); break;
+    case O_MAXTOK: c->max_tokens = atoi(optarg); break;
+    case O_BOUND: c->bound_fixed = 1; break;
     case 'e': c->num_experts = atoi(optarg); break;
     case 'k': c->topk = atoi(optarg); break;
     case O_HIDDEN: c->hidden = atoi(optarg); break;
@@ -190,6 +197,9 @@ static int parse_args(int argc, char **argv, bench_args_t *a) {
 static int settle_args(bench_args_t *a) {
   mc_case_t *c = &a->c;
   mc_run_opts_t *o = &a->o;
+  if (c->max_tokens == 0) c->max_tokens = c->tokens; /* no --max-tokens: the handle holds -t tokens */
+  if (c->tokens < 1 || c->max_tokens < c->tokens)
+    return fprintf(stderr, "mc-bench: need 1 <= --tokens <= --max-tokens (see --help)\n"), 2;
   if (c->world_size < 1 || c->group_size < 1 || c->world_size % c->group_size || c->num_experts % c->world_size ||
       o->rounds < 1 || o->warmup < 0) {
     fprintf(stderr, "mc-bench: need ranks %% group-size == 0, experts %% ranks == 0, rounds >= 1 (see --help)\n");
@@ -242,7 +252,8 @@ static void print_sizes(const mc_case_t *c) {
 enum { N_ROWS = MC_PH_COUNT + 2 };
 typedef struct {
   double med[N_ROWS], p99[N_ROWS];
-  double dense_med, dense_p99, nccl_med, nccl_p99, floor_med, floor_p99;
+  double floor_med[N_ROWS], floor_p99[N_ROWS]; /* --floor: the same rows for the empty kernels */
+  double dense_med, dense_p99, nccl_med, nccl_p99;
   double disp, comb, disp_pe, comb_pe, max_err; /* bytes per rank per round; combine error */
   uint64_t buffer;
   int failed;
@@ -255,28 +266,33 @@ static void stats_of_copy(const float *x, double *v, int n, double *median, doub
   stats_of(v, n, median, p99);
 }
 
-static void summarize(const bench_args_t *a, const mc_run_result_t *res, int failed, bench_sum_t *m) {
-  const mc_case_t *c = &a->c;
-  const mc_run_opts_t *o = &a->o;
-  const int W = c->world_size, R = o->rounds;
-  memset(m, 0, sizeof *m);
-  /* per-phase samples of all ranks, plus the per-round sums of each half pair */
-  double *v = malloc(sizeof(double) * (size_t)W * R);
+/* Median and p99 of each row over every rank's samples ([W][MC_PH_COUNT][R]):
+ * the four halves, then the per-round sums of each half pair. v: scratch of W x R. */
+static void rows_of(const double *samples, int W, int R, double *v, double *med, double *p99) {
   for (int ph = 0; ph < N_ROWS; ph++) {
     for (int r = 0; r < W; r++)
       for (int i = 0; i < R; i++) {
-        const double *s = res->samples_us + (size_t)r * MC_PH_COUNT * R;
+        const double *s = samples + (size_t)r * MC_PH_COUNT * R;
         double x;
         if (ph < MC_PH_COUNT) x = s[ph * R + i];
         else if (ph == MC_PH_COUNT) x = s[MC_PH_DISPATCH_SEND * R + i] + s[MC_PH_DISPATCH_RECV * R + i];
         else x = s[MC_PH_COMBINE_SEND * R + i] + s[MC_PH_COMBINE_RECV * R + i];
         v[(size_t)r * R + i] = x;
       }
-    stats_of(v, W * R, &m->med[ph], &m->p99[ph]);
+    stats_of(v, W * R, &med[ph], &p99[ph]);
   }
+}
+
+static void summarize(const bench_args_t *a, const mc_run_result_t *res, int failed, bench_sum_t *m) {
+  const mc_case_t *c = &a->c;
+  const mc_run_opts_t *o = &a->o;
+  const int W = c->world_size, R = o->rounds;
+  memset(m, 0, sizeof *m);
+  double *v = malloc(sizeof(double) * (size_t)W * R);
+  rows_of(res->samples_us, W, R, v, m->med, m->p99);
+  if (o->floor) rows_of(res->floor_us, W, R, v, m->floor_med, m->floor_p99);
   if (o->dense_bytes && res->dense_rc == MC_SUCCESS) stats_of_copy(res->dense_us, v, W * R, &m->dense_med, &m->dense_p99);
   if (o->extra_baseline && res->extra_rc == 0) stats_of_copy(res->extra_us, v, W * R, &m->nccl_med, &m->nccl_p99);
-  if (o->floor) stats_of_copy(res->floor_us, v, W * R, &m->floor_med, &m->floor_p99);
   free(v);
 
   /* Bytes per rank per round, as the library counted them (all rounds ran
@@ -290,7 +306,7 @@ static void summarize(const bench_args_t *a, const mc_run_result_t *res, int fai
   }
   m->disp /= W * rounds_run;
   m->comb /= W * rounds_run;
-  double chunk = (double)c->max_tokens / c->group_size;
+  double chunk = (double)c->tokens / c->group_size;
   double in_elem = (double)(c->in_dtype == MC_DTYPE_FP32 ? 4 : 2);
   m->disp_pe = chunk * c->topk * (double)(c->token_bytes + c->scale_bytes);
   m->comb_pe = chunk * c->topk * c->group_size * c->hidden * in_elem;
@@ -315,21 +331,25 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
   for (int i = 0; i < argc; i++) printf("%s%s", i ? " " : "", argv[i]);
   printf("\", \"transport\": \"%s\", \"ranks_as\": \"%s\",\n", mc_transport_name(o->transport),
          o->processes ? "processes" : "threads");
-  printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"experts\": %d, \"topk\": %d, "
+  printf(" \"config\": {\"world_size\": %d, \"group_size\": %d, \"tokens\": %d, \"max_tokens\": %d, "
+         "\"bound_m\": %s, \"experts\": %d, \"topk\": %d, "
          "\"hidden\": %d, \"token_bytes\": %zu, \"scale_bytes\": %zu, \"in_dtype\": \"%s\", \"out_dtype\": \"%s\", "
          "\"rounds\": %d, \"warmup\": %d, \"seed\": %llu, \"graph\": %s, \"whole\": %s, \"index_dtype\": \"%s\", "
          "\"quantise\": \"%s\", \"quantise_apart\": %s},\n",
-         c->world_size, c->group_size, c->max_tokens, c->num_experts, c->topk, c->hidden, c->token_bytes,
-         c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), o->rounds, o->warmup,
+         c->world_size, c->group_size, c->tokens, c->max_tokens, c->bound_fixed ? "true" : "false", c->num_experts,
+         c->topk, c->hidden, c->token_bytes, c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), o->rounds, o->warmup,
          (unsigned long long)c->seed, o->graph_timed ? "true" : "false", o->whole ? "true" : "false",
          o->ids64 ? "int64" : "int32", c->quant == MC_REF_QUANT_FP32 ? "fp32" : c->quant ? "ue8m0" : "no",
          o->quant_apart ? "true" : "false");
-  printf(" \"latency_us\": {");
   const int first = o->whole ? MC_PH_COUNT : 0; /* --whole: no halves */
-  for (int ph = first; ph < N_ROWS; ph++)
-    printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > first ? ", " : "", row_names[ph], m->med[ph],
-           m->p99[ph]);
-  printf("},\n \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
+  for (int f = 0; f <= o->floor; f++) {
+    const double *med = f ? m->floor_med : m->med, *p99 = f ? m->floor_p99 : m->p99;
+    printf(" \"%s\": {", f ? "floor_us" : "latency_us");
+    for (int ph = first; ph < N_ROWS; ph++)
+      printf("%s\"%s\": {\"median\": %.2f, \"p99\": %.2f}", ph > first ? ", " : "", row_names[ph], med[ph], p99[ph]);
+    printf("},\n");
+  }
+  printf(" \"bytes_per_rank_per_round\": {\"dispatch\": %.0f, \"dispatch_per_expert_design\": %.0f, "
          "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
          m->disp, m->disp_pe, m->comb, m->comb_pe);
   if (o->dense_bytes)
@@ -338,7 +358,6 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
   if (o->extra_baseline)
     printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
            o->dense_bytes * (size_t)W, m->nccl_med, m->nccl_p99, res->extra_rc);
-  if (o->floor) printf(" \"floor_barrier\": {\"median_us\": %.2f, \"p99_us\": %.2f},\n", m->floor_med, m->floor_p99);
   /* bytes this rank sent per round over the median time of the phase pair */
   printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", m->disp / m->med[MC_PH_COUNT] / 1e3,
          m->comb / m->med[MC_PH_COUNT + 1] / 1e3);
@@ -353,16 +372,18 @@ static void print_table(const bench_args_t *a, const mc_run_result_t *res, const
   const mc_run_opts_t *o = &a->o;
   const int W = c->world_size;
   const double pair = m->med[MC_PH_COUNT] + m->med[MC_PH_COUNT + 1];
-  printf("mc-bench  %d ranks (%s, %s transport)  group_size %d  %d tokens/rank  %d experts top-%d\n", W,
-         o->processes ? "processes" : "threads", mc_transport_name(o->transport), c->group_size, c->max_tokens,
-         c->num_experts, c->topk);
+  printf("mc-bench  %d ranks (%s, %s transport)  group_size %d  %d tokens/rank (max_tokens %d%s)  %d experts top-%d\n",
+         W, o->processes ? "processes" : "threads", mc_transport_name(o->transport), c->group_size, c->tokens,
+         c->max_tokens, c->bound_fixed ? ", through bound_m" : "", c->num_experts, c->topk);
   printf("          token %zu B + scales %zu B, combine %s -> %s, hidden %d; %d rounds after %d warm-up\n\n",
          c->token_bytes, c->scale_bytes, dtype_name(c->in_dtype), dtype_name(c->out_dtype), c->hidden, o->rounds,
          o->warmup);
-  printf("  %-16s %12s %12s\n", "phase", "median us", "p99 us");
+  printf("  %-16s %12s %12s%s\n", "phase", "median us", "p99 us", o->floor ? "   floor: median, p99 (empty kernels)" : "");
   for (int ph = o->whole ? MC_PH_COUNT : 0; ph < N_ROWS; ph++) {
     if (ph == MC_PH_COUNT && !o->whole) printf("  %-16s %12s %12s\n", "", "", "");
-    printf("  %-16s %12.1f %12.1f\n", row_names[ph], m->med[ph], m->p99[ph]);
+    printf("  %-16s %12.1f %12.1f", row_names[ph], m->med[ph], m->p99[ph]);
+    if (o->floor) printf("   %12.1f %12.1f", m->floor_med[ph], m->floor_p99[ph]);
+    printf("\n");
   }
   printf("\n  bytes sent per rank per round   ours        per-expert design   ratio\n");
   printf("    dispatch                    %10.0f   %10.0f          %.2f\n", m->disp, m->disp_pe, m->disp / m->disp_pe);
@@ -381,9 +402,6 @@ static void print_table(const bench_args_t *a, const mc_run_result_t *res, const
     else
       printf("  NCCL send/recv baseline: failed (see stderr)\n");
   }
-  if (o->floor)
-    printf("  floor: mc_a2a_barrier alone   %12.1f %12.1f   (no bytes: events and launch)\n", m->floor_med,
-           m->floor_p99);
   printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)m->buffer,
          (double)m->buffer / 1048576.0);
   if (o->check)
@@ -396,6 +414,8 @@ static void print_table(const bench_args_t *a, const mc_run_result_t *res, const
 int main(int argc, char **argv) {
   bench_args_t a = {.dense = 1};
   mc_ref_deepseek_case(8, 128, &a.c);
+  a.c.tokens = a.c.max_tokens;
+  a.c.max_tokens = 0; /* --max-tokens, else --tokens (settle_args) */
   a.o = (mc_run_opts_t)MC_RUN_OPTS_DEFAULT;
   a.o.rounds = 20;
   a.o.warmup = 3;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "mc_handles.h"
+#include "moecomm_bench.h"
 #include "mc_internal.h"
 #include "mc_quant.h"
 #include "mc_route.h"
@@ -440,4 +441,19 @@ mc_result_t mc_a2a_get_mask(const mc_a2a_t *a2a, uint8_t *mask) {
   if (!mask) return mc_fail(((mc_a2a_t *)a2a)->err, MC_ERR_INVALID_ARG, "mc_a2a_get_mask: mask is NULL");
   memcpy(mask, a2a->masked, (size_t)a2a->comm->world_size);
   return MC_SUCCESS;
+}
+
+mc_result_t mc_a2a_bench_floor(mc_a2a_t *a2a, int phase, int m, unsigned int flags, void *stream) {
+  NEED_LIVE_A2A(a2a, "mc_a2a_bench_floor");
+  const char *call = "mc_a2a_bench_floor";
+  if (phase != MC_BENCH_DISPATCH && phase != MC_BENCH_COMBINE)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: phase=%d is not MC_BENCH_DISPATCH (0) or MC_BENCH_COMBINE (1)",
+                   call, phase);
+  if (flags == 0 || (flags & ~(unsigned)MC_SEND_RECV))
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: flags=0x%x must be MC_SEND, MC_RECV or both", call, flags);
+  if (m < 0 || m > a2a->cfg.max_tokens)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: m=%d is not in 0..max_tokens=%d", call, m, a2a->cfg.max_tokens);
+  if (!a2a->ops->bench_floor)
+    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED, "%s: the %s transport launches no kernels", call, a2a->ops->name);
+  return a2a->ops->bench_floor(a2a, phase == MC_BENCH_COMBINE, m, flags, stream);
 }

@@ -101,6 +101,8 @@ struct mc_transport_ops {
   /* optional: mc_a2a_mask_ranks's agreement with the ranks the mask keeps
    * (NULL: the transport cannot mask ranks) */
   mc_result_t (*mask)(mc_a2a_t *a2a, const uint8_t *mask);
+  /* optional: mc_a2a_bench_floor's empty kernels (combine: 0 dispatch, 1 combine) */
+  mc_result_t (*bench_floor)(mc_a2a_t *a2a, int combine, int m, unsigned int flags, void *stream);
 };
 
 /* The table for a transport this build has, or NULL. */

@@ -328,6 +328,13 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 #include "mc_gpu_dispatch_recv.cuh"
 #include "mc_gpu_combine.cuh"
 
+/* ---- the launch floor (mc_a2a_bench_floor): a phase's sending and
+ * receiving kernels with no work, launched as the phase's are (the same
+ * argument block); the receiving one waits for its sender at its end, as
+ * the phase's receivers do ---- */
+static __global__ void mc_k_floor_send(mc_kargs_t) { mc_pdl_launch_dependents(); }
+static __global__ void mc_k_floor_recv(mc_kargs_t) { mc_pdl_wait(); }
+
 /* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
  * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
  * round has ended; the new mask is in the workspace already. ---- */

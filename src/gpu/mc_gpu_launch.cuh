@@ -36,7 +36,8 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                                     (const void *)mc_k_dispatch_prep_masked, (const void *)mc_k_dispatch_send_masked,
                                     (const void *)mc_k_dispatch_send_q_masked, (const void *)mc_k_dispatch_recv_masked,
                                     (const void *)mc_k_combine_send_masked, (const void *)mc_k_combine_recv_masked,
-                                    (const void *)mc_k_barrier, (const void *)mc_k_mask};
+                                    (const void *)mc_k_barrier, (const void *)mc_k_mask,
+                                    (const void *)mc_k_floor_send, (const void *)mc_k_floor_recv};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
@@ -64,8 +65,11 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   default: g->send_one = quant ? (const void *)mc_k_dispatch_send_one_qn : (const void *)mc_k_dispatch_send_one_kn;
   }
   g->send_chunked = quant ? (const void *)mc_k_dispatch_send_q : (const void *)mc_k_dispatch_send;
-  if (g->one && mc_one_smem_bytes(s) > (48u << 10))
+  if (g->one && mc_one_smem_bytes(s) > (48u << 10)) {
     e = cudaFuncSetAttribute(g->send_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
+    if (e == cudaSuccess) /* the launch floor's empty sender takes the same (mc_gpu_bench_floor) */
+      e = cudaFuncSetAttribute(mc_k_floor_send, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
+  }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the dispatch kernel's shared memory");
   int cc = 0;
   cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
@@ -76,42 +80,63 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   return MC_SUCCESS;
 }
 
-/* A receiving kernel: with g->pdl, launched as a programmatic dependent
- * of the kernel before it on the stream (mc_pdl_wait, mc_dev.cuh). Only
- * where this rank has its GPU alone: ranks sharing a GPU would hold SMs
- * with waiting blocks that another rank's sender needs. */
-static cudaError_t launch_recv(const mc_gpu_t *g, const void *fn, int grid, int threads, size_t smem, cudaStream_t st,
-                               mc_kargs_t *ka) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = g->pdl ? 1 : 0;
-  void *args[] = {ka};
-  return cudaLaunchKernelExC(&cfg, fn, args);
-}
+/* How one kernel of a half is launched. The halves (run_half) and the
+ * launch floor (mc_gpu_bench_floor) both take it from the plans below, so
+ * the floor's empty kernels are launched exactly as the phase's are. */
+typedef struct mc_launch {
+  int grid, threads;
+  size_t smem;
+  int early; /* a receiving kernel: launched as a programmatic dependent where g->pdl */
+} mc_launch_t;
 
 /* Blocks of the one-launch dispatch kernel for a call of m tokens. Every
  * block preps every token, so fewer blocks do less of the same work: where
  * this rank has its GPU alone, a warp for each payload piece of the call
  * (MC_QUANT_WARPS where it quantises; block 0 stores none) and at least a
- * quarter of the grid. A quarter against the whole grid, EP2 on two H200s,
- * whole: dispatch 30.5-30.6 against 31.3-31.4 us at 128 tokens, 24.2-24.3
- * against 24.7-24.9 at 1 token, 25.5-25.6 against 26.2-27.1 for 64 experts
- * top-6 hidden 2048 (docs/performance.md). Ranks sharing a GPU keep their
- * whole share. */
+ * quarter of the grid. Ranks sharing a GPU keep their whole share. */
 static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant) {
   if (!g->alone) return g->grid;
   const int64_t warps = MC_THREADS / 32, per = quant ? MC_QUANT_WARPS : 1;
   const int64_t need = ((int64_t)m * mc_token_segs(s) * per + warps - 1) / warps + 1;
   const int64_t b = need > g->grid / 4 ? need : g->grid / 4;
   return b < 1 ? 1 : b > g->grid ? g->grid : (int)b;
+}
+/* Dispatch-send runs as one kernel where the call's tokens fit one prep
+ * chunk, no rank is masked and every peer is mapped. */
+static int dsend_one(const mc_gpu_t *g, const mc_shape_t *s, int m, int masked) {
+  return g->one && !masked && m <= mc_prep_chunk(s);
+}
+/* dispatch-send's sending kernel: the one-launch kernel, or the chunked path's send kernel */
+static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant, int masked) {
+  if (dsend_one(g, s, m, masked)) return mc_launch_t{one_launch_blocks(g, s, m, quant), MC_THREADS, mc_one_smem_bytes(s), 0};
+  return mc_launch_t{g->grid, MC_THREADS, mc_send_smem_bytes(s), 0};
+}
+static mc_launch_t plan_drecv(const mc_gpu_t *g, const mc_shape_t *s) {
+  return mc_launch_t{g->grid, MC_THREADS, mc_drecv_smem_bytes(s), 1};
+}
+static mc_launch_t plan_csend(const mc_gpu_t *g, const mc_shape_t *s) {
+  return mc_launch_t{2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), 0};
+}
+static mc_launch_t plan_crecv(const mc_gpu_t *g) { return mc_launch_t{g->grid, MC_THREADS, 0, 1}; }
+
+/* Launch fn as planned. A receiving kernel, with g->pdl, is a programmatic
+ * dependent of the kernel before it on the stream (mc_pdl_wait, mc_dev.cuh);
+ * only where this rank has its GPU alone: ranks sharing a GPU would hold SMs
+ * with waiting blocks that another rank's sender needs. */
+static cudaError_t launch(const mc_gpu_t *g, const void *fn, mc_launch_t l, cudaStream_t st, mc_kargs_t *ka) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3(l.grid);
+  cfg.blockDim = dim3(l.threads);
+  cfg.dynamicSmemBytes = l.smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = l.early && g->pdl ? 1 : 0;
+  void *args[] = {ka};
+  return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
 /* Check what the device recorded, then launch one half's kernels on the
@@ -124,46 +149,68 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   const mc_shape_t *s = &a2a->shape;
   cudaStream_t st = (cudaStream_t)(d ? d->stream : c->stream);
   cudaError_t e = cudaSuccess;
-  void *args[] = {&ka};
   /* with a rank masked, kernels compiled to skip it (mc_masked, mc_dev.cuh);
    * the others hold no trace of the mask. Dispatch-send is then chunked. */
   const int masked = ka.mask != NULL;
   switch (half) {
-  case MC_PHASE_DSEND:
+  case MC_PHASE_DSEND: {
     if (g->recv_owed) {
       mc_k_drecv_skip<<<1, 1, 0, st>>>(ka);
       g->recv_owed = 0;
     }
-    if (g->one && !masked && ka.m <= mc_prep_chunk(s)) { /* one launch, the kernel of this top-k */
-      e = cudaLaunchKernel(g->send_one, dim3(one_launch_blocks(g, s, ka.m, ka.quant)), dim3(MC_THREADS), args,
-                           mc_one_smem_bytes(s), st);
-    } else { /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
-      const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
-      if (masked) mc_k_dispatch_prep_masked<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
-      else mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
-      if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
-      if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-      const void *send = !masked ? g->send_chunked
-                         : ka.quant ? (const void *)mc_k_dispatch_send_q_masked
-                                    : (const void *)mc_k_dispatch_send_masked;
-      e = cudaLaunchKernel(send, dim3(g->grid), dim3(MC_THREADS), args, mc_send_smem_bytes(s), st);
+    const mc_launch_t l = plan_dsend(g, s, ka.m, ka.quant, masked);
+    if (dsend_one(g, s, ka.m, masked)) { /* one launch, the kernel of this top-k */
+      e = launch(g, g->send_one, l, st, &ka);
+      break;
     }
+    /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
+    const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
+    if (masked) mc_k_dispatch_prep_masked<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+    else mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+    if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
+    if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
+    const void *send = !masked ? g->send_chunked
+                       : ka.quant ? (const void *)mc_k_dispatch_send_q_masked
+                                  : (const void *)mc_k_dispatch_send_masked;
+    e = launch(g, send, l, st, &ka);
     break;
+  }
   case MC_PHASE_DRECV:
-    e = launch_recv(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv, g->grid,
-                    MC_THREADS, mc_drecv_smem_bytes(s), st, &ka);
+    e = launch(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv,
+               plan_drecv(g, s), st, &ka);
     break;
   case MC_PHASE_CSEND:
-    if (masked) mc_k_combine_send_masked<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
-    else mc_k_combine_send<<<2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), st>>>(ka);
+    e = launch(g, masked ? (const void *)mc_k_combine_send_masked : (const void *)mc_k_combine_send,
+               plan_csend(g, s), st, &ka);
     break;
   case MC_PHASE_CRECV:
-    e = launch_recv(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv, g->grid,
-                    MC_THREADS, 0, st, &ka);
+    e = launch(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv, plan_crecv(g),
+               st, &ka);
     break;
   }
   if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
+}
+
+/* mc_a2a_bench_floor: the phase's sending and receiving kernels' plans,
+ * for two empty kernels (mc_k_floor_send, mc_k_floor_recv) given the same
+ * argument block; the round is not touched. */
+static mc_result_t mc_gpu_bench_floor(mc_a2a_t *a2a, int combine, int m, unsigned int flags, void *stream) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
+  if (rc != MC_SUCCESS) return rc;
+  mc_gpu_t *g = gpu(a2a);
+  const mc_shape_t *s = &a2a->shape;
+  cudaStream_t st = (cudaStream_t)stream;
+  const int masked = ka.mask != NULL;
+  cudaError_t e = cudaSuccess;
+  if (flags & MC_SEND)
+    e = launch(g, (const void *)mc_k_floor_send, combine ? plan_csend(g, s) : plan_dsend(g, s, m, ka.quant, masked), st,
+               &ka);
+  if (e == cudaSuccess && (flags & MC_RECV))
+    e = launch(g, (const void *)mc_k_floor_recv, combine ? plan_crecv(g) : plan_drecv(g, s), st, &ka);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "mc_a2a_bench_floor: kernel launch");
 }
 
 static mc_result_t mc_gpu_dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) {

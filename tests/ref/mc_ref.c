@@ -58,12 +58,15 @@ int mc_ref_input(const mc_case_t *c, uint64_t round, int group, mc_input_t *in) 
   memset(in, 0, sizeof *in);
   int m = c->max_tokens;
   uint64_t pick = mc_ref_rand(&st) % 8;
-  if (c->fixed_m) m = c->max_tokens;
+  if (c->fixed_m) m = c->bound_fixed ? c->max_tokens : mc_ref_tokens(c);
   else if (c->zero_tokens && pick == 0) m = 0;
   else if (pick < 4) m = rnd_range(&st, 0, c->max_tokens);
   in->m = m;
   in->bound_m = m;
-  if (c->use_bound_m && m > 0 && mc_ref_rand(&st) % 2) {
+  if (c->fixed_m && c->bound_fixed) {
+    in->has_bound = 1;
+    in->bound_m = mc_ref_tokens(c);
+  } else if (c->use_bound_m && m > 0 && mc_ref_rand(&st) % 2) {
     in->has_bound = 1;
     in->bound_m = rnd_range(&st, 0, m);
   }
@@ -256,6 +259,8 @@ void mc_ref_random_case(uint64_t seed, mc_case_t *c) {
   c->use_bound_m = rnd_range(&st, 0, 1);
   c->no_weights = rnd_range(&st, 0, 5) == 0;
 }
+
+int mc_ref_tokens(const mc_case_t *c) { return c->tokens > 0 ? c->tokens : c->max_tokens; }
 
 void mc_ref_deepseek_case(int world_size, int tokens, mc_case_t *c) {
   memset(c, 0, sizeof *c);

@@ -21,7 +21,10 @@ typedef struct mc_case {
   int zero_tokens;    /* 1: some groups get m = 0 in some rounds */
   int use_bound_m;    /* 1: pass bound_m < m on some rounds */
   int no_weights;     /* 1: pass weights = NULL (all 1.0) */
-  int fixed_m;        /* 1: every group passes m = max_tokens every round (benchmarks) */
+  int fixed_m;        /* 1: every group passes the same m every round (benchmarks): `tokens` */
+  int tokens;         /* fixed_m: valid tokens each group passes (0: max_tokens) */
+  int bound_fixed;    /* fixed_m: m = max_tokens with `tokens` in bound_m, read on the device (the call a
+                         CUDA graph captured once replays with every batch size) */
   int expert_identity; /* 1: tokens are hidden values in in_dtype and every expert returns its
                           input unchanged (a device copy can stand in for the experts) */
   int quant;          /* MC_REF_QUANT_*: dispatch quantises bf16 rows (MC_INPUT_BF16_TO_E4M3) */
@@ -80,6 +83,8 @@ void mc_ref_combine_ideal(const mc_case_t *c, const mc_input_t *in, double *out,
 uint64_t mc_ref_records_sent(const mc_case_t *c, const mc_input_t *in, int rank);
 
 int mc_ref_num_groups(const mc_case_t *c);
+/* fixed_m: the valid tokens each group passes every round */
+int mc_ref_tokens(const mc_case_t *c);
 int mc_ref_capacity(const mc_case_t *c);
 int mc_ref_local_experts(const mc_case_t *c);
 

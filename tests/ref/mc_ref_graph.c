@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "mc_dtype.h"
+#include "moecomm_bench.h"
 #include "mc_ref_dev.h"
 #include "mc_ref_rank.h"
 
@@ -34,7 +35,7 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), groups = mc_ref_num_groups(c);
   const size_t xbytes = (size_t)L * cap * c->token_bytes, sbytes = (size_t)L * cap * c->scale_bytes;
   const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
-  graph_ctx_t g = {a2a, c, d, c->max_tokens, MC_SUCCESS};
+  graph_ctx_t g = {a2a, c, d, c->bound_fixed ? c->max_tokens : mc_ref_tokens(c), MC_SUCCESS};
   void *exec = NULL, *stream = NULL;
   if (mc_dev_graph_capture(graph_body, &g, &exec, &stream) != 0) {
     mc_rr_fail(me, g.rc, "rank %d: capturing the layer failed: %s", rank, mc_a2a_last_error(a2a));
@@ -81,6 +82,7 @@ typedef struct timed_ctx {
   const call_in_t *ci;
   int m;
   int whole;
+  int floor;
   mc_result_t rc;
 } timed_ctx_t;
 
@@ -94,20 +96,26 @@ static int timed_body(void *stream, void *arg) {
   if (!g->whole || k % 4 == 0) mc_dev_mark_on(stream, k);                                                             \
   if ((g->rc = (call)) != MC_SUCCESS) return 1;                                                                       \
   if (!g->whole || k % 4 == 2) mc_dev_mark_on(stream, k + 1);
-  HALF(0, mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs, d->count,
-                      MC_SEND, stream))
-  HALF(2, mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs, d->count,
-                      MC_RECV, stream))
-  HALF(4, mc_combine(g->a2a, d->y, d->out, MC_SEND, stream))
-  HALF(6, mc_combine(g->a2a, d->y, d->out, MC_RECV, stream))
+#define DISPATCH(flags)                                                                                                \
+  (g->floor ? mc_a2a_bench_floor(g->a2a, MC_BENCH_DISPATCH, g->m, flags, stream)                                      \
+            : mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs,      \
+                          d->count, flags, stream))
+#define COMBINE(flags)                                                                                                 \
+  (g->floor ? mc_a2a_bench_floor(g->a2a, MC_BENCH_COMBINE, g->m, flags, stream)                                       \
+            : mc_combine(g->a2a, d->y, d->out, flags, stream))
+  HALF(0, DISPATCH(MC_SEND))
+  HALF(2, DISPATCH(MC_RECV))
+  HALF(4, COMBINE(MC_SEND))
+  HALF(6, COMBINE(MC_RECV))
 #undef HALF
+#undef DISPATCH
+#undef COMBINE
   return 0;
 }
 
-void mc_rr_time_graph(const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
-                      const call_in_t *ci, int m, const mc_oob_t *oob, double *samples, int nsamples,
-                      mc_run_rank_t *me) {
-  timed_ctx_t g = {a2a, d, ci, m, o->whole, MC_SUCCESS};
+void mc_rr_time_graph(const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d, const call_in_t *ci, int m,
+                      const mc_oob_t *oob, int floor, double *samples, int nsamples, mc_run_rank_t *me) {
+  timed_ctx_t g = {a2a, d, ci, m, o->whole, floor, MC_SUCCESS};
   void *exec = NULL, *stream = NULL;
   if (mc_dev_graph_capture(timed_body, &g, &exec, &stream) != 0) {
     mc_rr_fail(me, g.rc, "rank %d: capturing the timed round failed: %s", rank, mc_a2a_last_error(a2a));

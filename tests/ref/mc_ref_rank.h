@@ -65,10 +65,10 @@ int mc_rr_oob_barrier(const mc_oob_t *oob);
 
 /* mc_ref_graph.c: the timed CUDA-graph mode: one round (mc_a2a_barrier, then
  * the four halves, each between two marks) captured once, replayed after a
- * host barrier `warmup` + nsamples times; samples as the eager loop's */
-void mc_rr_time_graph(const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d,
-                      const call_in_t *ci, int m, const mc_oob_t *oob, double *samples, int nsamples,
-                      mc_run_rank_t *me);
+ * host barrier `warmup` + nsamples times; samples as the eager loop's.
+ * floor: the phases' empty kernels (mc_a2a_bench_floor) in place of the halves. */
+void mc_rr_time_graph(const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, dbufs_t *d, const call_in_t *ci, int m,
+                      const mc_oob_t *oob, int floor, double *samples, int nsamples, mc_run_rank_t *me);
 
 /* mc_ref_graph.c: a layer captured once as a CUDA graph, replayed every round */
 void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, bufs_t *b, dbufs_t *d,

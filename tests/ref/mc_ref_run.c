@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "mc_dtype.h"
+#include "moecomm_bench.h"
 #include "mc_ref_dev.h"
 #include "mc_testing.h"
 #include "mc_ref_rank.h"
@@ -315,19 +316,33 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
   return check ? round_check_combine(st, in, &before) : 0;
 }
 
-/* --floor: mc_a2a_barrier alone, timed as a round is. */
-static int rank_floor(rank_st_t *st) {
+/* --floor, eager: each phase's empty kernels (mc_a2a_bench_floor) for a
+ * call of m tokens, between the marks of a round, after the same host and
+ * device alignment. */
+static int rank_floor(rank_st_t *st, int m) {
   const mc_run_opts_t *o = st->o;
   mc_run_result_t *res = st->ctx->res;
+  double *samples = res->floor_us + (size_t)st->rank * MC_PH_COUNT * (size_t)res->rounds;
+  const int whole = o->whole == 1;
+  void *s = mc_dev_stream();
   for (int i = 0; i < o->warmup + o->rounds; i++) {
     mc_dev_sync(st->gpu); /* as before a round */
     if (round_barrier(st) != 0) return -1;
-    mc_dev_mark(st->gpu, 0);
-    API(st, mc_a2a_barrier(st->a2a, mc_dev_stream()));
-    mc_dev_mark(st->gpu, 1);
+    for (int ph = MC_BENCH_DISPATCH; ph <= MC_BENCH_COMBINE; ph++) {
+      const int k = 4 * ph; /* marks k..k+3, as round_dispatch and round_combine */
+      mc_dev_mark(st->gpu, k);
+      if (whole) {
+        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_SEND_RECV, s));
+      } else {
+        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_SEND, s));
+        mc_dev_mark(st->gpu, k + 1);
+        mc_dev_mark(st->gpu, k + 2);
+        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_RECV, s));
+      }
+      mc_dev_mark(st->gpu, k + 3);
+    }
     mc_dev_sync(st->gpu);
-    if (i >= o->warmup)
-      res->floor_us[(size_t)st->rank * res->rounds + (size_t)(i - o->warmup)] = (float)mc_dev_elapsed_us(st->gpu, 0, 1);
+    if (i >= o->warmup) mc_rr_store_samples(samples, res->rounds, i - o->warmup, st->gpu, whole);
   }
   return 0;
 }
@@ -399,9 +414,13 @@ static int rank_work(rank_st_t *st) {
   for (int i = 0; i < total; i++)
     if (rank_round(st, i, total, &ci) != 0 && rank_mask_stalled(st, i) != 0) return -1;
   const int m = st->b.ins[st->rank / st->c->group_size].m;
+  mc_run_result_t *res = st->ctx->res;
   if (timed_graph && !st->me->failed && st->a2a)
-    mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, st->samples, st->ctx->res->rounds, st->me);
-  if (o->floor && st->gpu && !st->me->failed && rank_floor(st) != 0) return -1;
+    mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, 0, st->samples, res->rounds, st->me);
+  if (o->floor && timed_graph && !st->me->failed && st->a2a)
+    mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, 1,
+                     res->floor_us + (size_t)st->rank * MC_PH_COUNT * (size_t)res->rounds, res->rounds, st->me);
+  if (o->floor && st->gpu && !timed_graph && !st->me->failed && rank_floor(st, m) != 0) return -1;
   if (o->dense_bytes && !st->me->failed) rank_baselines(st);
   return 0;
 }
@@ -523,8 +542,8 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   res->world_size = c->world_size;
   res->rounds = o->rounds > 0 ? o->rounds : 1;
   size_t rank_bytes = sizeof(mc_run_rank_t) * (size_t)c->world_size;
-  size_t sample_bytes = sizeof(double) * (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                        3 * sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
+  size_t sample_bytes = 2 * sizeof(double) * (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds +
+                        2 * sizeof(float) * (size_t)c->world_size * (size_t)res->rounds;
   /* Shared anonymous memory, so forked ranks can report back. */
   void *p = mmap(NULL, rank_bytes + sample_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return -1;
@@ -532,7 +551,7 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   res->samples_us = (double *)((char *)p + rank_bytes);
   res->dense_us = (float *)(res->samples_us + (size_t)c->world_size * MC_PH_COUNT * (size_t)res->rounds);
   res->extra_us = res->dense_us + (size_t)c->world_size * (size_t)res->rounds;
-  res->floor_us = res->extra_us + (size_t)c->world_size * (size_t)res->rounds;
+  res->floor_us = (double *)(res->extra_us + (size_t)c->world_size * (size_t)res->rounds);
   int rc = o->processes ? run_processes(c, o, res) : run_threads(c, o, res);
   if (rc != 0) return -1;
   int failed = 0;
@@ -544,8 +563,8 @@ int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
 void mc_run_free(mc_run_result_t *res) {
   if (!res->ranks) return;
   size_t bytes = sizeof(mc_run_rank_t) * (size_t)res->world_size +
-                 sizeof(double) * (size_t)res->world_size * MC_PH_COUNT * (size_t)res->rounds +
-                 3 * sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
+                 2 * sizeof(double) * (size_t)res->world_size * MC_PH_COUNT * (size_t)res->rounds +
+                 2 * sizeof(float) * (size_t)res->world_size * (size_t)res->rounds;
   munmap(res->ranks, bytes);
   res->ranks = NULL;
 }

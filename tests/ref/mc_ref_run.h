@@ -38,9 +38,9 @@ typedef struct mc_run_opts {
   int (*extra_baseline)(const mc_oob_t *oob, size_t bytes_per_peer, int warmup, int iters, float *times_us);
   int auto_transport; /* 1: the communicator asks for MC_TRANSPORT_AUTO; buffers are placed as for
                          `transport` (say which kind auto should pick); ranks[r].transport says what it did */
-  int floor;          /* GPU timing: after the rounds, `rounds` timings of mc_a2a_barrier alone, a mark on
-                         each side, after the same host and device alignment as a round: what a half that
-                         waits on every peer costs here with no bytes and no work (floor_us) */
+  int floor;          /* GPU timing: after the rounds, `rounds` more of the launch floor: each phase's empty
+                         sending and receiving kernels (mc_a2a_bench_floor) in place of its calls, timed as
+                         the rounds are (eager or graph, whole or halves; floor_us) */
   int ids64;          /* 1: the handles take int64 top-k ids (MC_INDEX_INT64), the inputs widened */
   int quant_apart;    /* quantising cases: a step of its own (mc_dev_quantise) quantises the rows before
                          a dispatch of e4m3 bytes, timed with it: the way quantising in dispatch saves */
@@ -74,7 +74,7 @@ typedef struct mc_run_result {
   int dense_rc;           /* mc_result_t of the dense baseline on rank 0 */
   float *extra_us;        /* [world_size][rounds] when opts.extra_baseline is set */
   int extra_rc;           /* what extra_baseline returned on rank 0 */
-  float *floor_us;        /* [world_size][rounds] when opts.floor is set */
+  double *floor_us;       /* [world_size][MC_PH_COUNT][rounds] when opts.floor is set: as samples_us */
 } mc_run_result_t;
 
 /* Returns the number of ranks that failed (0: all good), or -1 if the run

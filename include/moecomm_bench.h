@@ -1,0 +1,34 @@
+/*
+ * moecomm_bench.h - what a benchmark of libmoecomm needs besides the API of
+ * moecomm.h: figures to set beside dispatch and combine, measured on the
+ * same handle in the same run. Not for inference code; these calls may
+ * change between minor versions.
+ */
+#ifndef MOECOMM_BENCH_H
+#define MOECOMM_BENCH_H
+
+#include "moecomm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MC_BENCH_DISPATCH = 0, MC_BENCH_COMBINE = 1 };
+
+/* The launch floor of a phase: enqueue on `stream` an empty sending kernel
+ * (flags & MC_SEND) and an empty receiving kernel (flags & MC_RECV),
+ * launched exactly as the phase's own send and receive kernels are for a
+ * call of m tokens (grid, block, dynamic shared memory, and the early
+ * launch of the receiving kernel where the phase uses it). Timed as the
+ * phase is timed, it is what a phase would cost if its kernels did no work:
+ * two kernels, whatever the phase launches. phase: MC_BENCH_DISPATCH or
+ * MC_BENCH_COMBINE. The handle's round is not touched (any step may come
+ * next). GPU transports only (MC_ERR_UNSUPPORTED on the cpu transport);
+ * capturable in a CUDA graph. */
+MC_API mc_result_t mc_a2a_bench_floor(mc_a2a_t *a2a, int phase, int m, unsigned int flags, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOECOMM_BENCH_H */
