@@ -11,9 +11,13 @@ import glob, statistics, sys
 
 KERNELS = ["prep", "pack", "dsend", "drecv", "csend", "crecv"]
 SLOTS = ["start", "last-start", "c0", "c1", "c2", "c3", "c4", "end"]
-NOTES = {("prep", "c0"): "checked and routed", ("prep", "c1"): "positions done",
-         ("dsend", "c0"): "pieces stored (signals next)", ("drecv", "c0"): "metas arrived",
-         ("drecv", "c1"): "slot bases computed", ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
+NOTES = {("prep", "c0"): "checked, routed, placed (a block barrier)", ("prep", "c1"): "shared memory zeroed",
+         ("prep", "c2"): "ids checked, ranks found (thread 0)", ("prep", "c3"): "places found",
+         ("dsend", "c0"): "pieces stored (signals next)", ("dsend", "c1"): "counts moved on (last block out)",
+         ("drecv", "c0"): "metas arrived", ("drecv", "c1"): "slot bases computed", ("drecv", "c2"): "records copied",
+         ("drecv", "c3"): "arrived at the count (every block)", ("drecv", "c4"): "counts moved on (last block out)",
+         ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
+         ("crecv", "c2"): "arrived at the count (every block)", ("crecv", "c3"): "counts moved on (last block out)",
          }
 
 

@@ -171,10 +171,12 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   if (tid == 0) {
     __threadfence();
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
+    mc_trace_point(&a, MC_TK_CRECV, 2);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
       for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * segs;
       sc[MC_WS_DONE_CRECV] = 0;
+      mc_trace_point(&a, MC_TK_CRECV, 3);
     }
   }
 }

@@ -168,11 +168,13 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     }
   }
   /* last block out: running totals of record pieces move on by this round's counts */
+  mc_trace_point(&a, MC_TK_DRECV, 2);
   mc_trace_end(&a, MC_TK_DRECV);
   __syncthreads();
   if (tid == 0) {
     __threadfence();
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
+    mc_trace_point(&a, MC_TK_DRECV, 3);
     if (done == gridDim.x - 1) {
       uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
       for (int src = 0; src < W; src++)
@@ -181,6 +183,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
       *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
       sc[MC_WS_DONE_DRECV] = 0;
+      mc_trace_point(&a, MC_TK_DRECV, 4);
     }
   }
 }

@@ -290,6 +290,7 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
       sc[MC_WS_DONE_DSEND] = 0;
       *mc_ws_scalar64(&a, MC_WS_SEND_TRIES) += 1;
       if (m_eff >= 0) *mc_ws_round(&a) = round;
+      mc_trace_point(&a, MC_TK_DSEND, 1);
     }
   }
 }

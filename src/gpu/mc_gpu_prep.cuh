@@ -445,6 +445,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
   if (base < m_eff) {
     for (int i = tid; i < NW * C; i += blockDim.x) mask[i] = 0;
     __syncthreads(); /* masks and counts are zero */
+    mc_trace_point(&a, MC_TK_PREP, 1);
     if (warp < NW && t < m_eff) {
       if (!mc_prep_load(a, K, one, t, round, tk)) {
         bad = 1;
@@ -455,7 +456,9 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
         if (s->group_size > 1 && (!one || blockIdx.x == 0)) atomicAdd(&digest, mc_token_digest(K, t, tk));
       }
     }
+    mc_trace_point(&a, MC_TK_PREP, 2);
     mc_prep_place(K, E, C, NW, ok, scan, count, rexp, mask, wm, tk);
+    mc_trace_point(&a, MC_TK_PREP, 3);
     if (scan) mc_prep_record(a, K, one, t, begin, tab, wm, &bad, tk);
   }
   __syncthreads();
