@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|pplx|probe|trace|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one run:
+# gpu-run.sh [quick|full|tests|pplx|probe|trace|ledger|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one run:
 # build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
 # on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
 # to $OUT (or ./gpu-out); a short table is printed last.
@@ -62,6 +62,32 @@ if [ "$mode" = pplx ]; then
   done
   python3 scripts/bench_table.py "$out" big- "4096 tokens, whole (dense: NVSHMEM's all-to-all of the padded payload)" |
     tee "$out/big.txt"
+  exit 0
+fi
+if [ "$mode" = ledger ]; then
+  # the small-batch ledger in one run, a rank alone with the signals of ranks
+  # on different GPUs (MC_TEST_SYS_SCOPE=1): the launch floor of this GPU
+  # (launch-floor.cu in $PPLX_DIR, default .baselines/, where it is there),
+  # 1 token of a handle of 128 through bound_m with each phase's floor beside
+  # it (graph and eager), the kernels' timeline at 1 and 128 tokens, and
+  # mc-probe's cost of each step they are made of
+  pp=${PPLX_DIR:-.baselines}
+  if [ -f "$pp/launch-floor.cu" ] && nvcc -O2 -arch=sm_90 -std=c++17 "$pp/launch-floor.cu" -o "$out/launch-floor" 2>> "$out/build.log"; then
+    echo "== launch floor ($pp/launch-floor.cu)"; "$out/launch-floor"
+  fi
+  B="build-dev/mc-bench --transport p2p -n 1 --no-dense"
+  one="-t 1 --max-tokens 128 --bound-m"
+  for g in --graph ""; do
+    echo "== mc-bench $one --whole --floor $g"
+    MC_TEST_SYS_SCOPE=1 timeout 60 scripts/mc-launch.sh 1 -- $B $one --whole --floor $g -r 300 -w 20 2>&1 | grep -E "^ *(phase|dispatch|combine) "
+  done
+  for t in 1 128; do
+    a="$one"; [ "$t" = 128 ] && a="-t 128"
+    MC_TEST_SYS_SCOPE=1 MC_GPU_TRACE="$out/trace-t$t" timeout 60 scripts/mc-launch.sh 1 -- $B $a --whole --graph -r 100 -w 10 > /dev/null 2>&1
+    echo "== timeline $a --whole --graph"; python3 scripts/trace_summary.py "$out/trace-t$t" | grep -v " 0.0 *0.0 *$"
+  done
+  echo "== mc-probe"; timeout 120 build-dev/mc-probe
+  (cd "$out" && tar czf traces.tgz --remove-files trace-* 2>/dev/null || true)
   exit 0
 fi
 if [ "$mode" = probe ]; then
