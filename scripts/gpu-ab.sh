@@ -24,9 +24,9 @@
 #   qa128, ua128 the same quantised apart first (mc-bench --quantise-apart)
 # The JSON of every run goes to $OUT (default ./gpu-ab-out); a table last:
 # every run, then per point and tree the median of the runs' medians with
-# their range, the median p99, and the floor of the same runs. One GPU's
-# runs are noisy (a run's median can sit in one of two modes 2-3 us apart):
-# decide on AB_REPS=3 or more.
+# their range, the median p99, and the floor of the same runs. A run's
+# median moves between runs of the same code more than within one: decide
+# on AB_REPS=3 or more.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 TREE... (copies of the source to time against this one)"; exit 2; }
 out=${OUT:-$PWD/gpu-ab-out}
