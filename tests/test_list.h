@@ -32,6 +32,9 @@ MC_TEST(overlapped_batches)
 MC_TEST(processes)
 MC_TEST(bad_calls_change_nothing)
 MC_TEST(int64_ids)
+/* the harness itself */
+MC_TEST(harness_checks_catch)
+MC_TEST(harness_touches_what_it_checks)
 /* failures, wire and memory */
 MC_TEST(stall_thread)
 MC_TEST(stall_process)

@@ -1,8 +1,18 @@
 /* mc_ref_bufs.c - a rank's memory in the harness: host buffers for the
  * checks, and (GPU transports) device mirrors the library reads and writes,
- * with the uploads and downloads between them. */
+ * with the uploads and downloads between them.
+ *
+ * expert_x, expert_scale and expert_y are as large as the API sizes them
+ * (local experts x num_groups x max_tokens slots: 22.5 GB a rank at the
+ * DeepSeek-V3 shape, 8 ranks, 4096 tokens), but a round fills only each
+ * expert's count of slots. The harness touches those and a band of
+ * POISON_BAND past them, nothing else: pages of a host allocation that are
+ * never written take no memory, and a GPU transport's transfers are per
+ * expert. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "mc_dtype.h"
 #include "mc_ref_dev.h"
@@ -18,27 +28,115 @@ void mc_rr_free_bufs(bufs_t *b, int groups) {
 
 static void *xmalloc(size_t n) { return malloc(n ? n : 1); }
 
+/* The whole pages inside [p, p + n) (outward: round_out) into [*a, *e). */
+static void page_span(const void *p, size_t n, int round_out, uintptr_t *a, uintptr_t *e) {
+  const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), in = round_out ? 0 : pg - 1, out = round_out ? pg - 1 : 0;
+  *a = ((uintptr_t)p + in) & ~(pg - 1);
+  *e = ((uintptr_t)p + n + out) & ~(pg - 1);
+}
+
+/* A buffer of slots (expert_x, expert_scale, expert_y, out): aligned as the
+ * API asks, and kept out of transparent huge pages, so that what a round
+ * leaves untouched stays out of memory page by page (a huge page would
+ * bring in 2 MB around a few rows written). */
+static uint8_t *slots_alloc(size_t n) {
+  uint8_t *p = aligned_alloc(64, mc_align_up(n, 64) + 64);
+  uintptr_t a, e;
+  page_span(p, n, 0, &a, &e);
+  if (p && e > a) (void)madvise((void *)a, e - a, MADV_NOHUGEPAGE); /* advice: refused where THP is not built */
+  return p;
+}
+
 int mc_rr_alloc_bufs(const mc_case_t *c, bufs_t *b) {
   size_t L = (size_t)mc_ref_local_experts(c), cap = (size_t)mc_ref_capacity(c), M = (size_t)c->max_tokens;
   size_t in_sz = mc_dtype_size(c->in_dtype), out_sz = mc_dtype_size(c->out_dtype), H = (size_t)c->hidden;
   memset(b, 0, sizeof *b);
-  /* aligned_alloc gives the 16-byte alignment the API asks for */
-  b->x = aligned_alloc(64, mc_align_up(L * cap * c->token_bytes, 64) + 64);
-  b->xs = c->scale_bytes ? aligned_alloc(64, mc_align_up(L * cap * c->scale_bytes, 64) + 64) : NULL;
-  b->y = aligned_alloc(64, mc_align_up(L * cap * H * in_sz, 64) + 64);
-  b->out = aligned_alloc(64, mc_align_up(M * H * out_sz, 64) + 64);
+  b->x = slots_alloc(L * cap * c->token_bytes);
+  b->xs = c->scale_bytes ? slots_alloc(L * cap * c->scale_bytes) : NULL;
+  b->y = slots_alloc(L * cap * H * in_sz);
+  b->out = slots_alloc(M * H * out_sz);
   b->count = xmalloc(L * sizeof(int32_t));
   b->ref_count = xmalloc(L * sizeof(int32_t));
   b->src_g = xmalloc(L * cap * sizeof(int32_t));
   b->src_t = xmalloc(L * cap * sizeof(int32_t));
-  b->ref_out = xmalloc(M * H * out_sz);
-  b->ideal = xmalloc(M * H * sizeof(double));
-  b->absum = xmalloc(M * H * sizeof(double));
+  b->ref_out = xmalloc(CHECK_ROWS * H * out_sz);
+  b->ideal = xmalloc(CHECK_ROWS * H * sizeof(double));
+  b->absum = xmalloc(CHECK_ROWS * H * sizeof(double));
   b->ins = calloc((size_t)mc_ref_num_groups(c), sizeof(mc_input_t));
   return b->x && (b->xs || !c->scale_bytes) && b->y && b->out && b->count && b->ref_count && b->src_g && b->src_t &&
                  b->ref_out && b->ideal && b->absum && b->ins
              ? 0
              : -1;
+}
+
+/* Slots of an expert a round may touch: its count, clamped to the
+ * capacity, and the poisoned band past it. */
+static size_t band_end(int count, int cap) {
+  const int n = count < 0 ? 0 : count > cap ? cap : count;
+  return (size_t)(n + POISON_BAND < cap ? n + POISON_BAND : cap);
+}
+
+/* Before a checked round: the reference dispatch of the round's inputs
+ * (every group's, drawn already) into ref_count, src_g and src_t, and poison
+ * where the round writes and where it must not: per expert the slots it
+ * will fill and the band past them in expert_x and expert_scale (a slot left
+ * unwritten keeps the poison and fails the check), the band alone in
+ * expert_y (the experts fill the rest; a combine that reads past the count
+ * reads NaN), every row of out, the counts. 0, or -1 where a fill failed. */
+int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
+  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
+  const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
+  mc_ref_dispatch(c, b->ins, rank, b->ref_count, b->src_g, b->src_t);
+  int bad = 0;
+  for (int l = 0; l < L; l++) {
+    const size_t at = (size_t)l * cap, n = (size_t)b->ref_count[l], end = band_end(b->ref_count[l], cap);
+    bad |= mc_dev_fill(d->gpu, (uint8_t *)d->x + at * c->token_bytes, POISON_X, end * c->token_bytes);
+    if (d->xs) bad |= mc_dev_fill(d->gpu, (uint8_t *)d->xs + at * c->scale_bytes, POISON_X, end * c->scale_bytes);
+    bad |= mc_dev_fill(d->gpu, (uint8_t *)d->y + (at + n) * yrow, POISON_OUT, (end - n) * yrow);
+  }
+  bad |= mc_dev_fill(d->gpu, d->out, POISON_OUT, (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype));
+  bad |= mc_dev_fill(d->gpu, d->count, 0xF9, (size_t)L * 4); /* -7ish */
+  return bad ? -1 : 0;
+}
+
+/* After dispatch on a GPU transport: the counts, then per expert the slots
+ * the count says were filled and the band past them (what the check reads),
+ * into the host buffers. 0, or -1 where a copy failed. */
+int mc_rr_get_dispatch_outputs(const mc_case_t *c, bufs_t *b, const dbufs_t *d) {
+  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
+  if (!d->gpu) return 0; /* the library wrote the host buffers themselves */
+  if (mc_dev_get(1, b->count, d->count, (size_t)L * 4)) return -1;
+  int bad = 0;
+  for (int l = 0; l < L; l++) {
+    const size_t at = (size_t)l * cap, end = band_end(b->count[l], cap);
+    bad |= mc_dev_get(1, b->x + at * c->token_bytes, (const uint8_t *)d->x + at * c->token_bytes, end * c->token_bytes);
+    if (d->xs)
+      bad |= mc_dev_get(1, b->xs + at * c->scale_bytes, (const uint8_t *)d->xs + at * c->scale_bytes,
+                        end * c->scale_bytes);
+  }
+  return bad ? -1 : 0;
+}
+
+/* Bytes of [p, p + n) in memory now (whole pages, by mincore). */
+static uint64_t resident(const void *p, size_t n) {
+  const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a, e;
+  if (!p || n == 0) return 0;
+  page_span(p, n, 1, &a, &e);
+  unsigned char *v = malloc((e - a) / pg);
+  uint64_t in = 0;
+  if (v && mincore((void *)a, e - a, v) == 0)
+    for (size_t i = 0; i < (e - a) / pg; i++) in += v[i] & 1;
+  free(v);
+  return in * pg;
+}
+
+/* The host pages of expert_x, expert_scale and expert_y in memory: what the
+ * library and the harness touched of them (a test bounds it). */
+uint64_t mc_rr_resident_bytes(const mc_case_t *c, const bufs_t *b) {
+  const size_t slots = (size_t)mc_ref_local_experts(c) * mc_ref_capacity(c);
+  return resident(b->x, slots * c->token_bytes) + resident(b->xs, slots * c->scale_bytes) +
+         resident(b->y, slots * c->hidden * mc_dtype_size(c->in_dtype));
 }
 
 /* The fake experts: y = f(expert, x) on every filled slot. */

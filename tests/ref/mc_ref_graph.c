@@ -32,8 +32,7 @@ static int graph_body(void *stream, void *arg) {
 
 void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank, mc_a2a_t *a2a, bufs_t *b, dbufs_t *d,
                             mc_run_rank_t *me) {
-  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), groups = mc_ref_num_groups(c);
-  const size_t xbytes = (size_t)L * cap * c->token_bytes, sbytes = (size_t)L * cap * c->scale_bytes;
+  const int groups = mc_ref_num_groups(c);
   const size_t obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
   graph_ctx_t g = {a2a, c, d, c->bound_fixed ? c->max_tokens : mc_ref_tokens(c), MC_SUCCESS};
   void *exec = NULL, *stream = NULL;
@@ -52,9 +51,7 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
     call_in_t ci;
     mc_rr_upload_inputs(c, in, d, &ci);
     mc_dev_put(1, d->bound, &in->bound_m, 4); /* captured with a bound pointer: always valid */
-    mc_dev_fill(1, d->x, POISON_X, xbytes);
-    if (d->xs) mc_dev_fill(1, d->xs, POISON_X, sbytes);
-    mc_dev_fill(1, d->out, POISON_OUT, obytes);
+    mc_rr_poison_outputs(c, b, d, rank);
     mc_dev_sync(1);
     if (mc_dev_graph_launch(exec, stream) != 0) {
       mc_rr_fail(me, 0, "round %llu rank %d: graph replay failed", (unsigned long long)round, rank);
@@ -65,9 +62,7 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
       mc_rr_fail(me, crc, "round %llu rank %d: %s", (unsigned long long)round, rank, mc_a2a_last_error(a2a));
       break;
     }
-    mc_dev_get(1, b->count, d->count, (size_t)L * 4);
-    mc_dev_get(1, b->x, d->x, xbytes);
-    if (d->xs) mc_dev_get(1, b->xs, d->xs, sbytes);
+    mc_rr_get_dispatch_outputs(c, b, d);
     mc_dev_get(1, b->out, d->out, obytes);
     mc_rr_check_dispatch(c, b, rank, round, me);
     mc_rr_check_combine(c, b, rank, round, me);

@@ -10,12 +10,18 @@
 
 #define POISON_X 0xA5
 #define POISON_OUT 0xFF /* all-ones: a NaN in every dtype */
+/* Slots past each expert's count that a checked round poisons and checks:
+ * a write past the end lands there first. The rest of a buffer is never
+ * touched, so the caller's buffers cost only the pages a round writes. */
+#define POISON_BAND 4
+/* Rows of out the combine check computes the reference for at a time */
+#define CHECK_ROWS 64
 
 typedef struct bufs {
-  uint8_t *x, *xs, *y, *out;
-  int32_t *count, *ref_count, *src_g, *src_t;
-  uint8_t *ref_out;
-  double *ideal, *absum;
+  uint8_t *x, *xs, *y, *out; /* the caller's buffers, at the API's sizes */
+  int32_t *count, *ref_count, *src_g, *src_t; /* ref_*, src_*: the reference dispatch of the round */
+  uint8_t *ref_out;          /* [CHECK_ROWS] rows: the reference combine of a block of rows */
+  double *ideal, *absum;     /* [CHECK_ROWS][hidden] */
   mc_input_t *ins;
 } bufs_t;
 
@@ -50,8 +56,12 @@ void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b);
 int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, call_in_t *ci);
 void mc_rr_run_experts(const mc_case_t *c, bufs_t *b, int rank);
 int mc_rr_experts_roundtrip(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank);
+int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank);
+int mc_rr_get_dispatch_outputs(const mc_case_t *c, bufs_t *b, const dbufs_t *d);
+uint64_t mc_rr_resident_bytes(const mc_case_t *c, const bufs_t *b);
 
-/* mc_ref_check.c: outputs against the reference, bad calls that must be refused */
+/* mc_ref_check.c: outputs against the reference (dispatch: after
+ * mc_rr_poison_outputs drew its reference), bad calls that must be refused */
 void mc_rr_check_dispatch(const mc_case_t *c, const bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
 void mc_rr_check_combine(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
 int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *in, const call_in_t *ci, bufs_t *b,

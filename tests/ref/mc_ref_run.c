@@ -2,8 +2,9 @@
  * check every round against the reference model.
  *
  * Each round every rank: draws all groups' inputs (a pure function of case,
- * round and group), poisons its outputs, dispatches, checks counts, payloads,
- * scales and that unfilled slots keep their poison, runs the fake experts,
+ * round and group), poisons where its outputs land and a band past them,
+ * dispatches, checks counts, payloads, scales and that the band keeps its
+ * poison, runs the fake experts,
  * combines, checks every valid row bit for bit against the reference and
  * within the stated tolerance of the ideal sum, checks that rows past bound_m
  * keep their poison, and checks the library's own count of records sent
@@ -68,7 +69,7 @@ typedef struct rank_st {
   bufs_t b;
   dbufs_t d;
   uint64_t round;
-  size_t xbytes, sbytes, ybytes, obytes;
+  size_t obytes;
   int64_t *load; /* [2][L]: mc_a2a_get_expert_load before and after a checked round */
   mc_case_t masked_case; /* mask_stalled: the case with the stalled rank masked (c points here then) */
 } rank_st_t;
@@ -122,12 +123,7 @@ static int rank_setup(rank_st_t *st) {
   ac.dispatch_input = c->quant && !o->quant_apart ? MC_INPUT_BF16_TO_E4M3 : MC_INPUT_BYTES;
   ac.scale_format = c->quant == MC_REF_QUANT_UE8M0 ? MC_SCALE_UE8M0 : MC_SCALE_FP32;
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
-  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
-  st->xbytes = (size_t)L * cap * c->token_bytes;
-  st->sbytes = (size_t)L * cap * c->scale_bytes;
-  st->ybytes = (size_t)L * cap * c->hidden * mc_dtype_size(c->in_dtype);
   st->obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
-  if (st->gpu) mc_dev_fill(1, st->d.y, POISON_OUT, st->ybytes); /* rows of unfilled slots stay poison */
   return 0;
 }
 
@@ -135,7 +131,7 @@ static int rank_setup(rank_st_t *st) {
  * reference needs them all), uploaded; outputs poisoned where checked. */
 static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
   const mc_case_t *c = st->c;
-  const int G = c->group_size, L = mc_ref_local_experts(c);
+  const int G = c->group_size;
   for (int g = 0; g < mc_ref_num_groups(c); g++) {
     if (!check && g != st->rank / G) continue;
     mc_ref_input_free(&st->b.ins[g]);
@@ -152,13 +148,9 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
     return -1;
   }
-  if (check) {
-    dbufs_t *d = &st->d;
-    mc_dev_fill(st->gpu, d->x, POISON_X, st->xbytes);
-    if (d->xs) mc_dev_fill(st->gpu, d->xs, POISON_X, st->sbytes);
-    if (!st->gpu) mc_dev_fill(0, d->y, POISON_OUT, st->ybytes);
-    mc_dev_fill(st->gpu, d->out, POISON_OUT, st->obytes);
-    mc_dev_fill(st->gpu, d->count, 0xF9, (size_t)L * 4); /* -7ish */
+  if (check && mc_rr_poison_outputs(c, &st->b, &st->d, st->rank) != 0) {
+    mc_rr_fail(st->me, 0, "round %llu rank %d: poisoning outputs failed", (unsigned long long)st->round, st->rank);
+    return -1;
   }
   return 0;
 }
@@ -207,13 +199,11 @@ static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_cal
  * fake experts' outputs made and uploaded. */
 static int round_experts(rank_st_t *st, int check) {
   const mc_case_t *c = st->c;
-  const int L = mc_ref_local_experts(c);
   bufs_t *b = &st->b;
   dbufs_t *d = &st->d;
   mc_dev_sync(st->gpu);
   API(st, mc_a2a_check(st->a2a)); /* a GPU transport's failure shows after the sync */
-  if (st->gpu && (mc_dev_get(1, b->count, d->count, (size_t)L * 4) || mc_dev_get(1, b->x, d->x, st->xbytes) ||
-                  (d->xs && mc_dev_get(1, b->xs, d->xs, st->sbytes)))) {
+  if (mc_rr_get_dispatch_outputs(c, b, d) != 0) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: downloading dispatch outputs failed", (unsigned long long)st->round,
                st->rank);
     return -1;
@@ -463,6 +453,7 @@ static void rank_main(run_ctx_t *ctx) {
   st.nh = o->handles > 0 ? (o->handles < 64 ? o->handles : 64) : 1;
   st.samples = ctx->res->samples_us + (size_t)ctx->rank * MC_PH_COUNT * (size_t)ctx->res->rounds;
   (void)rank_work(&st);
+  st.me->touched_bytes = mc_rr_resident_bytes(st.c, &st.b);
   rank_teardown(&st);
   st.me->wall_s = (now_us() - t_start) / 1e6;
 }

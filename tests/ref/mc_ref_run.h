@@ -64,6 +64,7 @@ typedef struct mc_run_rank {
   double wall_s;          /* the whole run on this rank */
   int rc_after_timeout;   /* what the next call returned after a timeout */
   int transport;          /* mc_comm_transport() of this rank's communicator (-1: none made) */
+  uint64_t touched_bytes; /* host pages of expert_x, expert_scale and expert_y in memory at the end */
 } mc_run_rank_t;
 
 typedef struct mc_run_result {
