@@ -17,6 +17,7 @@ static void small_case(mc_case_t *c) {
   c->group_size = 1;
   c->num_experts = 8;
   c->topk = 2;
+  c->routing = MC_ROUTING_RANDOM; /* every expert gets tokens, none all of them */
   c->max_tokens = 2 * CHECK_ROWS + 9;
   c->fixed_m = 1;
   c->use_bound_m = 0;
