@@ -1,11 +1,15 @@
-/* test_bench.c - mc-bench's command line: every number through one strict
- * parser, one line for each broken rule, naming it, and exit status 2;
- * --timeout and MC_TIMEOUT_MS reach the options the communicator is made
- * with. */
+/* test_bench.c - mc-bench's command line and its GPU memory check: every
+ * number through one strict parser, one line for each broken rule, naming
+ * it, and exit status 2; --timeout and MC_TIMEOUT_MS reach the options the
+ * communicator is made with; a shape whose buffers one GPU cannot hold is
+ * refused with the bytes needed and free. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "mc_bench_args.h"
+#include "mc_bench_fit.h"
+#include "mc_dtype.h"
+#include "mc_layout.h"
 #include "mc_test.h"
 
 /* mc_bench_args on mc-bench's arguments `words` (NULL-terminated): its
@@ -105,5 +109,45 @@ int test_bench_timeout(void) {
   fprintf(stderr, "rank 0: %s\n", res.ranks[0].msg);
   MC_CHECK_MSG(res.ranks[0].api_rc == MC_ERR_TIMEOUT && strstr(res.ranks[0].msg, "300 ms"), "%s", res.ranks[0].msg);
   mc_run_free(&res);
+  return 0;
+}
+
+int test_bench_gpu_fit(void) {
+  /* the DeepSeek-V3 layer at EP8, 4096 tokens: expert_x, expert_scale and
+   * expert_y of 32 experts x 8 x 4096 slots are 22.8 GB a rank */
+  mc_case_t c;
+  mc_ref_deepseek_case(8, 4096, &c);
+  mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+  o.transport = MC_TRANSPORT_P2P;
+  uint64_t library;
+  const uint64_t rank = mc_run_gpu_bytes(&c, &o, &library), slots = 32ull * 8 * 4096;
+  const mc_shape_t sh = mc_shape_make(8, 1, 256, 8, 4096, 7168, 7168, 224, 2);
+  MC_CHECK(library == mc_window_bytes(&sh) + mc_workspace_bytes(&sh));
+  const uint64_t caller = rank - library, slot_bytes = slots * (7168 + 224 + 7168 * 2);
+  /* besides the slots: out, the inputs and 16 MB of scratch, under 1 GB */
+  MC_CHECK_MSG(caller > slot_bytes && caller - slot_bytes < (1ull << 30), "%llu of %llu", (unsigned long long)caller,
+               (unsigned long long)slot_bytes);
+  /* one H200's free memory (about 140 GB): eight ranks on it cannot fit,
+   * one can */
+  const uint64_t h200 = 140000000000ull;
+  char why[512], num[32];
+  MC_CHECK(mc_bench_gpu_fit(&c, &o, 8, h200, why, sizeof why) == 2);
+  fprintf(stderr, "%s\n", why);
+  snprintf(num, sizeof num, "needs %llu bytes", (unsigned long long)rank);
+  MC_CHECK(strstr(why, num) != NULL);
+  snprintf(num, sizeof num, "%llu bytes", (unsigned long long)h200);
+  MC_CHECK(strstr(why, num) != NULL && strstr(why, "32 experts x 32768 slots") != NULL);
+  MC_CHECK(mc_bench_gpu_fit(&c, &o, 1, h200, why, sizeof why) == 0);
+  /* the edge: exactly enough fits, a byte less does not */
+  MC_CHECK(mc_bench_gpu_fit(&c, &o, 8, 8 * rank, why, sizeof why) == 0);
+  MC_CHECK(mc_bench_gpu_fit(&c, &o, 8, 8 * rank - 1, why, sizeof why) == 2);
+  /* each handle has its own library buffers */
+  o.handles = 3;
+  uint64_t three;
+  MC_CHECK(mc_run_gpu_bytes(&c, &o, &three) == caller + 3 * library && three == 3 * library);
+  /* the default shape, 128 tokens: eight ranks share one H200 */
+  mc_ref_deepseek_case(8, 128, &c);
+  o.handles = 1;
+  MC_CHECK(mc_bench_gpu_fit(&c, &o, 8, h200, why, sizeof why) == 0);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "mc_bench_args.h"
+#include "mc_bench_fit.h"
 #include "mc_bench_nccl.h"
 #include "mc_layout.h"
 
@@ -231,6 +232,7 @@ int main(int argc, char **argv) {
     print_sizes(&a.c);
     return 0;
   }
+  if ((rc = mc_bench_gpu_check(&a.c, &a.o, stderr)) >= 0) return rc;
   if (a.nccl) a.o.extra_baseline = mc_bench_nccl_alltoall;
   mc_run_result_t res;
   int failed = mc_run(&a.c, &a.o, &res);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "mc_dtype.h"
+#include "mc_layout.h"
 #include "mc_ref_dev.h"
 #include "mc_ref_rank.h"
 
@@ -163,34 +164,64 @@ void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b) {
   (void)b;
 }
 
+/* A rank's device buffers and their bytes: one list for the allocation and
+ * for what a GPU must hold (mc_run_gpu_bytes). own: a buffer of its own on
+ * the cpu transport too (there the rest are the host buffers). */
+typedef struct dbuf {
+  void **p;
+  size_t n;
+  int own;
+} dbuf_t;
+enum { DBUF_MAX = 13 };
+
+static int dbuf_list(const mc_case_t *c, int ids64, dbufs_t *d, dbuf_t *l) {
+  const size_t L = (size_t)mc_ref_local_experts(c), cap = (size_t)mc_ref_capacity(c), M = (size_t)c->max_tokens;
+  const size_t H = (size_t)c->hidden, K = (size_t)c->topk;
+  int n = 0;
+  if (c->quant) { /* the e4m3 rows and scales of a quantisation apart from dispatch */
+    l[n++] = (dbuf_t){&d->qx, M * c->token_bytes, 1};
+    l[n++] = (dbuf_t){&d->qxs, M * c->scale_bytes, 1};
+  }
+  l[n++] = (dbuf_t){&d->tokens, M * mc_ref_in_row_bytes(c), 0};
+  if (c->scale_bytes && !c->quant) l[n++] = (dbuf_t){&d->scales, M * c->scale_bytes, 0}; /* quantising: dispatch's */
+  l[n++] = (dbuf_t){&d->indices, M * K * (ids64 ? 8 : 4), 0};
+  l[n++] = (dbuf_t){&d->weights, M * K * 4, 0};
+  l[n++] = (dbuf_t){&d->bound, 4, 0};
+  l[n++] = (dbuf_t){&d->x, L * cap * c->token_bytes, 0};
+  if (c->scale_bytes) l[n++] = (dbuf_t){&d->xs, L * cap * c->scale_bytes, 0};
+  l[n++] = (dbuf_t){&d->count, L * 4, 0};
+  l[n++] = (dbuf_t){&d->y, L * cap * H * mc_dtype_size(c->in_dtype), 0};
+  l[n++] = (dbuf_t){&d->out, M * H * mc_dtype_size(c->out_dtype), 0};
+  l[n++] = (dbuf_t){&d->scratch, 16u << 20, 0};
+  return n;
+}
+
 int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t *d) {
-  size_t L = (size_t)mc_ref_local_experts(c), cap = (size_t)mc_ref_capacity(c), M = (size_t)c->max_tokens;
-  size_t H = (size_t)c->hidden, K = (size_t)c->topk;
   memset(d, 0, sizeof *d);
   d->gpu = gpu;
   d->ids64 = ids64;
-  if (ids64 && !(d->wide = malloc(M * K * sizeof(int64_t)))) return -1;
-  if (c->quant && (!(d->qx = mc_dev_alloc(gpu, M * c->token_bytes)) || !(d->qxs = mc_dev_alloc(gpu, M * c->scale_bytes))))
-    return -1;
+  if (ids64 && !(d->wide = malloc((size_t)c->max_tokens * c->topk * sizeof(int64_t)))) return -1;
+  dbuf_t l[DBUF_MAX];
+  const int n = dbuf_list(c, ids64, d, l);
+  for (int i = 0; i < n; i++)
+    if ((gpu || l[i].own) && !(*l[i].p = mc_dev_alloc(gpu, l[i].n))) return -1;
   if (!gpu) { /* the library reads and writes the host buffers directly */
     d->x = b->x, d->xs = b->xs, d->count = b->count, d->y = b->y, d->out = b->out;
-    return 0;
   }
-  d->tokens = mc_dev_alloc(1, M * mc_ref_in_row_bytes(c));
-  d->scales = c->scale_bytes && !c->quant ? mc_dev_alloc(1, M * c->scale_bytes) : NULL; /* quantising: made by dispatch */
-  d->indices = mc_dev_alloc(1, M * K * (ids64 ? 8 : 4));
-  d->weights = mc_dev_alloc(1, M * K * 4);
-  d->bound = mc_dev_alloc(1, 4);
-  d->x = mc_dev_alloc(1, L * cap * c->token_bytes);
-  d->xs = c->scale_bytes ? mc_dev_alloc(1, L * cap * c->scale_bytes) : NULL;
-  d->count = mc_dev_alloc(1, L * 4);
-  d->y = mc_dev_alloc(1, L * cap * H * mc_dtype_size(c->in_dtype));
-  d->out = mc_dev_alloc(1, M * H * mc_dtype_size(c->out_dtype));
-  d->scratch = mc_dev_alloc(1, 16u << 20);
-  return d->tokens && (d->scales || !c->scale_bytes || c->quant) && d->indices && d->weights && d->bound && d->x &&
-                 (d->xs || !c->scale_bytes) && d->count && d->y && d->out && d->scratch
-             ? 0
-             : -1;
+  return 0;
+}
+
+uint64_t mc_run_gpu_bytes(const mc_case_t *c, const mc_run_opts_t *o, uint64_t *library) {
+  dbufs_t d;
+  dbuf_t l[DBUF_MAX];
+  const int n = dbuf_list(c, o->ids64, &d, l);
+  uint64_t mine = 0;
+  for (int i = 0; i < n; i++) mine += l[i].n;
+  const mc_shape_t sh = mc_shape_make(c->world_size, c->group_size, c->num_experts, c->topk, c->max_tokens, c->hidden,
+                                      c->token_bytes, c->scale_bytes, mc_dtype_size(c->in_dtype));
+  const int handles = o->handles > 0 ? (o->handles < 64 ? o->handles : 64) : 1; /* as mc_run makes them */
+  *library = (mc_window_bytes(&sh) + mc_workspace_bytes(&sh)) * (uint64_t)handles;
+  return mine + *library;
 }
 
 int mc_rr_upload_inputs(const mc_case_t *c, const mc_input_t *in, dbufs_t *d, call_in_t *ci) {

@@ -30,6 +30,22 @@ int mc_dev_have_cuda(void) {
 #endif
 }
 
+int mc_dev_mem_info(uint64_t *free_bytes, int *devices) {
+#ifdef MC_REF_CUDA
+  int n = 0;
+  size_t fr = 0, total = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1 || cudaSetDevice(0) != cudaSuccess ||
+      cudaMemGetInfo(&fr, &total) != cudaSuccess)
+    return -1;
+  *free_bytes = fr;
+  *devices = n;
+  return 0;
+#else
+  (void)free_bytes, (void)devices;
+  return -1;
+#endif
+}
+
 int mc_dev_select(int rank) {
 #ifdef MC_REF_CUDA
   int n = 0;

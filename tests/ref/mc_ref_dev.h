@@ -14,6 +14,9 @@
  * returns the device, or -1 without CUDA. */
 int mc_dev_select(int rank);
 int mc_dev_have_cuda(void); /* 1 if built with CUDA and a device is visible */
+/* The free bytes of device 0 (cudaMemGetInfo) and how many devices this
+ * process sees; 0, or -1 without CUDA or a device. Starts CUDA here. */
+int mc_dev_mem_info(uint64_t *free_bytes, int *devices);
 void *mc_dev_alloc(int gpu, size_t n);
 void mc_dev_free(int gpu, void *p);
 int mc_dev_put(int gpu, void *dst, const void *src, size_t n); /* host -> buffer */

@@ -85,6 +85,12 @@ void mc_run_free(mc_run_result_t *res);
 /* The first failure's text, or "" */
 const char *mc_run_first_failure(const mc_run_result_t *res);
 
+/* The GPU memory a rank of mc_run takes on a GPU transport: its buffers
+ * (expert_x, expert_scale and expert_y at the API's sizes, out, the inputs)
+ * and the library's (window and workspace of each handle, *library): what
+ * is known before anything is made. */
+uint64_t mc_run_gpu_bytes(const mc_case_t *c, const mc_run_opts_t *o, uint64_t *library);
+
 /* The combine tolerance relative to sum |w y|, from the dtypes' precision. */
 double mc_ref_tolerance(const mc_case_t *c);
 
