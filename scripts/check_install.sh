@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install into a scratch prefix, then build a tiny consumer twice: through the
-# CMake package (find_package(moecomm)) and through pkg-config.
+# CMake package (find_package(moecomm)) and through pkg-config; and run the
+# installed mc-bench (where the build has it) with no LD_LIBRARY_PATH.
 set -e
 build=${1:-build}
 tmp=$(mktemp -d)
@@ -29,3 +30,9 @@ PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" cc "$tmp/app/main.c" -o "$tmp/app/ap
   $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs moecomm)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/app-pc"
 echo "install check: CMake package and pkg-config both link"
+if [ -e "$tmp/prefix/bin/mc-bench" ]; then
+  LD_LIBRARY_PATH= "$tmp/prefix/bin/mc-bench" -n 2 -t 4 -r 1 -w 1 > "$tmp/bench.txt" 2>&1 ||
+    { cat "$tmp/bench.txt"; echo "install check: the installed mc-bench did not run"; exit 1; }
+  grep -q "verdict: PASS" "$tmp/bench.txt"
+  echo "install check: the installed mc-bench runs from the prefix alone"
+fi
