@@ -63,7 +63,8 @@ typedef enum mc_result {
   MC_ERR_INVALID_ARG = 1,   /* an argument broke a documented rule; nothing changed */
   MC_ERR_INVALID_USAGE = 2, /* calls out of order (combine before dispatch, recv before send), a
                                handle used after destroy, ranks of a group that disagree */
-  MC_ERR_TIMEOUT = 3,       /* a peer did not arrive in time; the text names phase and rank */
+  MC_ERR_TIMEOUT = 3,       /* a peer did not arrive in time, or (cpu transport) its process is
+                               gone; the text names phase and rank */
   MC_ERR_UNSUPPORTED = 4,   /* a transport or option this build or machine does not have */
   MC_ERR_SYSTEM = 5,        /* the OS refused (memory, shared memory, sockets); errno in the text */
   MC_ERR_BOOTSTRAP = 6,     /* the out-of-band exchange failed or was refused */

@@ -75,16 +75,25 @@ void mc_describe_wait_root(int world_size, int me, int peer, const mc_wait_view_
   out[0] = '\0';
   for (int hop = 0, cur = peer; hop < world_size && off < n; hop++) {
     const char *sep = hop ? "," : ";";
-    int64_t pid = 0;
+    int64_t pid = 0, next_pid = 0;
+    uint64_t w = 0;
+    const int readable = view->waiting(view->ctx, cur, &w), next = (int)w - 1;
+    const int waits = readable && w != 0 && w <= (uint64_t)world_size && next != me && next != cur;
     if (view->gone(view->ctx, cur, &pid)) {
+      /* a rank that gave up on (or died waiting for) a rank that died too:
+       * that one is the cause (a rank's word stays after a failed wait) */
+      if (waits && view->gone(view->ctx, next, &next_pid)) {
+        off += (size_t)snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone, as it waited for rank %d",
+                                sep, cur, (long long)pid, next);
+        cur = next;
+        continue;
+      }
       snprintf(out + off, n - off, "%s rank %d's process (pid %lld) is gone: rank %d is the one missing", sep, cur,
                (long long)pid, cur);
       return;
     }
-    uint64_t w = 0;
-    if (!view->waiting(view->ctx, cur, &w)) return; /* this rank's word cannot be read from here */
-    const int next = (int)w - 1;
-    if (w == 0 || w > (uint64_t)world_size || next == me || next == cur) {
+    if (!readable) return; /* this rank's word cannot be read from here */
+    if (!waits) {
       if (hop) snprintf(out + off, n - off, ", which waits for nobody: rank %d is the one missing", cur);
       return;
     }

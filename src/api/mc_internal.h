@@ -137,7 +137,9 @@ int mc_pid_gone(int64_t pid);
 /* After a timeout waiting for `peer`: who that rank waits for, and so on, to
  * the rank at the root (one whose process is gone, or that waits for
  * nobody), appended to out as "; rank 2 waits for rank 3, rank 3's process
- * (pid N) is gone: rank 3 is the one missing". A transport says, per rank,
+ * (pid N) is gone: rank 3 is the one missing". A rank whose process is gone
+ * while its word names another gone rank (it gave up on that one, or died
+ * waiting) passes the blame on to it. A transport says, per rank,
  * whether its process is gone (and its pid) and reads its "waiting for"
  * word (MC_SIG_WAITING: 1 + the rank it waits for, 0 for none); 0 where it
  * cannot. */

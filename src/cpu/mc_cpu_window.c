@@ -75,6 +75,26 @@ static mc_result_t timed_out(mc_a2a_t *a2a, const char *phase, int slot, int pee
                  (unsigned long long)v, root);
 }
 
+/* How often a wait looks whether the process of a peer it waits for is
+ * gone: a look costs a kill() and a read of /proc, a wait lasts up to the
+ * timeout. */
+#define LOOK_NS 50000000ull
+
+/* A wait that ended early: the peer's process is gone (looked at before
+ * its signal was read for the last time, so nothing more can come). Still
+ * MC_ERR_TIMEOUT, as if the wait had run its course: the caller's way on
+ * (destroy, or mask the rank) is the same. */
+static mc_result_t peer_gone(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target, uint64_t v,
+                             uint64_t t0) {
+  char root[256];
+  const mc_wait_view_t view = {a2a, cpu_gone, cpu_waiting};
+  mc_describe_wait_root(a2a->comm->world_size, a2a->comm->rank, peer, &view, root, sizeof root);
+  return mc_fail(a2a->err, MC_ERR_TIMEOUT,
+                 "%s: rank %d stopped waiting for rank %d after %llu ms (%s: expected %llu, saw %llu)%s", phase,
+                 a2a->comm->rank, peer, (unsigned long long)((now_ns() - t0) / 1000000ull), mc_sig_name(slot),
+                 (unsigned long long)target, (unsigned long long)v, root);
+}
+
 mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer, uint64_t target,
                            uint64_t *seen) {
   const int timeout_ms = a2a->comm->timeout_ms;
@@ -85,11 +105,21 @@ mc_result_t mc_cpu_wait_ge(mc_a2a_t *a2a, const char *phase, int slot, int peer,
   atomic_store_explicit(waiting, (uint64_t)peer + 1, memory_order_relaxed);
   /* Spin briefly (the peer is usually a few microseconds away), then yield:
    * ranks often outnumber cores, and a spinning rank would starve the one it
-   * waits for. The clock is read every 64 polls to keep polling cheap. */
-  uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+   * waits for. The clock is read every 64 polls to keep polling cheap; every
+   * LOOK_NS the peer's process is looked at, so that a dead peer ends the
+   * wait at once rather than at the timeout. */
+  const uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+  uint64_t look = t0 + LOOK_NS;
   for (unsigned it = 1;; it++) {
+    int gone = 0;
+    if (it % 64 == 0 && now_ns() > look) { /* looked at before the signal is read */
+      int64_t pid;
+      look = now_ns() + LOOK_NS;
+      gone = cpu_gone(a2a, peer, &pid);
+    }
     v = atomic_load_explicit(sig, memory_order_acquire);
     if (v >= target) break;
+    if (gone) return peer_gone(a2a, phase, slot, peer, target, v, t0);
     if (it > 32) sched_yield();
     if (it % 64 == 0 && now_ns() > deadline) return timed_out(a2a, phase, slot, peer, target, v, timeout_ms);
   }
@@ -123,11 +153,16 @@ mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const u
    * may move on (a mask step's peer that gave up on the call after this
    * rank saw its step, then called again), and what was seen of it would
    * be stale. Spin, then yield, as mc_cpu_wait_ge does. */
+  uint64_t look = t0 + LOOK_NS; /* the next look at the pending peers' processes, as in mc_cpu_wait_ge */
   for (unsigned it = 1;; it++) {
     const uint64_t now = it > 32 ? now_ns() : t0;
+    const int looking = now > look;
+    if (looking) look = now + LOOK_NS;
     int first = -1;
     for (int p = 0; p < W; p++) {
       if (skip[p]) continue;
+      int64_t pid;
+      const int gone = looking && w[p].until != 0 && cpu_gone(a2a, p, &pid);
       _Atomic uint64_t *sig = sig_at(mine, &a2a->shape, slot, p);
       const uint64_t v = atomic_load_explicit(sig, memory_order_acquire), before = w[p].expect;
       const int was_done = w[p].until == 0;
@@ -135,6 +170,7 @@ mc_result_t mc_cpu_wait_each(mc_a2a_t *a2a, const char *phase, int slot, const u
         w[p].until = 0;
         continue;
       }
+      if (gone) return peer_gone(a2a, phase, slot, p, w[p].expect, v, t0);
       if (was_done || w[p].expect != before) w[p].until = now_ns() + span;
       else if (now > w[p].until) return timed_out(a2a, phase, slot, p, w[p].expect, v, timeout_ms);
       if (first < 0) first = p;
