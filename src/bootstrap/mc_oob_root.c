@@ -280,7 +280,10 @@ mc_result_t mc_oob_root_join(mc_oob_socket_t *s, const mc_oob_id_wire_t *w, int 
   rt->secret = w->secret;
   rt->deadline = deadline;
   for (int i = 0; i < MC_OOB_MAX_PENDING; i++) rt->pend[i].fd = -1;
-  mc_result_t rc = MC_SUCCESS;
+  /* One step even where the deadline passed before this call got here: a
+   * rank that connected before it is accepted and answered (it joins, or
+   * hears that rank 0 timed out), however late this process ran. */
+  mc_result_t rc = s->world_size > 1 ? root_step(rt, lfd) : MC_SUCCESS;
   while (rc == MC_SUCCESS && rt->joined < s->world_size - 1)
     rc = mc_oob_left_ms(deadline) == 0 ? join_timeout(rt) : root_step(rt, lfd);
   int note = rc == MC_ERR_TIMEOUT ? MC_OOB_ST_TIMEOUT : -1; /* a rank in mid-handshake fails too */
