@@ -159,7 +159,8 @@ typedef struct mc_oob {
  * Create one object for the whole job, give each thread its rank's oob with
  * mc_oob_threads_get, destroy it after every communicator built from it has
  * been destroyed. A thread that does not arrive within timeout_ms makes the
- * others' allgather fail instead of hanging. */
+ * others' allgather fail instead of hanging, naming the ranks that did not
+ * come. */
 typedef struct mc_oob_threads mc_oob_threads_t;
 MC_API mc_result_t mc_oob_threads_create(int world_size, int timeout_ms, mc_oob_threads_t **out);
 MC_API mc_result_t mc_oob_threads_get(mc_oob_threads_t *group, int rank, mc_oob_t *out);
@@ -177,7 +178,10 @@ MC_API void mc_oob_threads_destroy(mc_oob_threads_t *group);
  * On loopback both ends must also belong to one user. Connections that fail
  * the proof, name a bad rank, or announce messages larger than the agreed
  * size are refused; idle ones cannot keep the group from forming. Every wait
- * is bounded by timeout_ms. Across hosts (MC_BOOTSTRAP_ADDR) the allgather
+ * is bounded by timeout_ms. A failed allgather names on every rank the rank
+ * at fault (whose connection closed, that left, was late, or sent something
+ * else), as rank 0 saw it; destroy tells the others that this rank left.
+ * Across hosts (MC_BOOTSTRAP_ADDR) the allgather
  * traffic after the handshake is neither encrypted nor authenticated: use a
  * trusted network, or your own mc_oob_t. */
 #define MC_UNIQUE_ID_BYTES 128
@@ -221,7 +225,9 @@ typedef struct mc_comm_config {
  * rank whose config breaks a rule still takes part in the exchange (given
  * a usable oob), so its peers fail at once naming it, and every rank's
  * retry meets the others' retry. On failure *out is NULL and
- * mc_last_error() has the details. */
+ * mc_last_error() has the details: where the allgather failed, what the
+ * built-in helper saw (the rank at fault), or that your allgather returned
+ * non-zero (the library cannot know which rank failed there). */
 MC_API mc_result_t mc_comm_create(const mc_oob_t *oob, const mc_comm_config_t *config,
                                   mc_comm_t **out);
 

@@ -10,16 +10,23 @@
 
 #include "mc_handles.h"
 #include "mc_internal.h"
+#include "mc_oob.h"
 #include "mc_params.h"
 #include "mc_testing.h"
 
+/* A failed allgather's text: a built-in helper's own account (which rank
+ * it saw at fault), or, for the caller's callback, only that it failed: the
+ * library cannot know which rank was to blame there. */
 mc_result_t mc_comm_allgather(mc_comm_t *comm, const void *send, void *recv, size_t bytes) {
   int rc = comm->oob.allgather(send, recv, bytes, comm->oob.user);
-  if (rc != 0)
-    return mc_fail(comm->err, MC_ERR_BOOTSTRAP,
-                   "rank %d: the out-of-band allgather of %zu bytes failed (callback returned %d)",
-                   comm->rank, bytes, rc);
-  return MC_SUCCESS;
+  if (rc == 0) return MC_SUCCESS;
+  if (mc_oob_threads_is(comm->oob.allgather) || mc_oob_socket_is(comm->oob.allgather))
+    return mc_fail(comm->err, MC_ERR_BOOTSTRAP, "rank %d: the out-of-band allgather of %zu bytes failed: %s",
+                   comm->rank, bytes, mc_last_error());
+  return mc_fail(comm->err, MC_ERR_BOOTSTRAP,
+                 "rank %d: the out-of-band allgather of %zu bytes failed: the caller's allgather callback "
+                 "returned %d (it says nothing of which rank failed; its own logs may)",
+                 comm->rank, bytes, rc);
 }
 
 void mc_comm_join_refused(mc_comm_t *comm, const void *mine, size_t bytes) {

@@ -42,6 +42,10 @@
  *     (never wait for or store more than a sane amount on a peer's say-so),
  *     a sequence number not its own (a rank skipped or repeated a call); the
  *     other ranks check rank 0's answer likewise.
+ *   note       {u32 'MCNT', u32 kind, u64 rank, u64 seq}
+ *     who is to blame for a failed allgather, or that a rank left: rank 0
+ *     -> every rank in place of an answer, a rank -> rank 0 in place of its
+ *     part, and on destroy (mc_oob_gather.c says when and what kinds).
  *
  * Who gets in: rank 0 accepts a connection into one of MC_OOB_MAX_PENDING slots and
  * gives it MC_OOB_HANDSHAKE_MS (less if its own deadline is nearer) to send a join
@@ -76,10 +80,11 @@
  * Every socket is non-blocking; each transfer waits in poll() for the time
  * left, retries EINTR and partial transfers, and sends with MSG_NOSIGNAL (a
  * dead peer gives EPIPE, never SIGPIPE). Any allgather failure poisons the
- * object: every socket is closed at once, so peers see EOF and fail fast
- * instead of waiting out their own deadline, and later calls fail at once.
- * Rank 0 closes its listener at the end of its create (joined or not): no one
- * can join later and the port is freed early (processes that inherited the fd
+ * object: every socket is closed at once, after a note that names the rank
+ * at fault, so peers fail fast naming it instead of waiting out their own
+ * deadline, and later calls fail at once (mc_oob_gather.c). Rank 0 closes
+ * its listener at the end of its create (joined or not): no one can join
+ * later and the port is freed early (processes that inherited the fd
  * through fork keep it open; that is harmless). */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -341,14 +346,6 @@ static mc_result_t peer_join(mc_oob_socket_t *s, const mc_oob_id_wire_t *w, int6
   }
 }
 
-void mc_oob_socket_destroy(mc_oob_socket_t *sock) {
-  if (!sock) return;
-  if (sock->fds)
-    for (int r = 0; r < sock->world_size; r++) mc_oob_close_fd(&sock->fds[r]);
-  free(sock->fds);
-  free(sock);
-}
-
 mc_result_t mc_oob_socket_create(const mc_unique_id_t *id, int rank, int world_size, int timeout_ms,
                                  mc_oob_socket_t **out) {
   if (out) *out = NULL;
@@ -396,75 +393,7 @@ mc_result_t mc_oob_socket_create(const mc_unique_id_t *id, int rank, int world_s
     mc_oob_socket_destroy(s);
     return rc;
   }
+  s->formed = 1;
   *out = s;
-  return MC_SUCCESS;
-}
-
-static int hdr_ok(const mc_oob_msg_hdr_t *h, uint64_t bytes, uint64_t seq) {
-  return h->magic == MC_OOB_MSG_MAGIC && h->bytes <= MC_OOB_MSG_CAP && h->bytes == bytes && h->seq == seq;
-}
-
-/* One message of an allgather with rank peer: 1 if it went through, else 0
- * with *who and *io saying which peer and how it failed (the first one). */
-static int xfer(int fd, void *buf, size_t len, int64_t deadline, int send, int peer, int *who, int *io) {
-  const int r = mc_oob_io(fd, buf, len, deadline, send);
-  if (r == MC_OOB_IO_OK) return 1;
-  if (*who < 0) *who = peer, *io = r;
-  return 0;
-}
-
-static int socket_allgather(const void *send, void *recv, size_t bytes, void *user) {
-  mc_oob_socket_t *s = user;
-  if (!s) return -1;
-  if (s->poisoned) {
-    mc_fail_tls(MC_ERR_ABORTED, "socket allgather: an earlier one failed on this rank (its sockets are closed)");
-    return -1;
-  }
-  int n = s->world_size, who = -1, io = MC_OOB_IO_OK;
-  int ok = bytes <= MC_OOB_MSG_CAP && (bytes == 0 || (send && recv));
-  int64_t deadline = mc_oob_now_ms() + s->timeout_ms;
-  mc_oob_msg_hdr_t mine = {MC_OOB_MSG_MAGIC, 0, bytes, s->seq}, theirs;
-  char *out = recv;
-  if (ok && s->rank == 0) {
-    if (bytes) memmove(out, send, bytes);
-    for (int r = 1; ok && r < n; r++) { /* gather in rank order */
-      ok = xfer(s->fds[r], &theirs, sizeof theirs, deadline, 0, r, &who, &io);
-      if (ok && !hdr_ok(&theirs, bytes, s->seq)) ok = 0, who = r, io = MC_OOB_IO_ERR;
-      ok = ok && xfer(s->fds[r], out + (size_t)r * bytes, bytes, deadline, 0, r, &who, &io);
-    }
-    for (int r = 1; ok && r < n; r++)
-      ok = xfer(s->fds[r], &mine, sizeof mine, deadline, 1, r, &who, &io) &&
-           xfer(s->fds[r], out, (size_t)n * bytes, deadline, 1, r, &who, &io);
-  } else if (ok) {
-    ok = xfer(s->fds[0], &mine, sizeof mine, deadline, 1, 0, &who, &io) &&
-         xfer(s->fds[0], (void *)send, bytes, deadline, 1, 0, &who, &io) &&
-         xfer(s->fds[0], &theirs, sizeof theirs, deadline, 0, 0, &who, &io);
-    if (ok && !hdr_ok(&theirs, bytes, s->seq)) ok = 0, who = 0, io = MC_OOB_IO_ERR;
-    ok = ok && xfer(s->fds[0], out, (size_t)n * bytes, deadline, 0, 0, &who, &io);
-  }
-  if (!ok) { /* poison: close everything so the peers fail fast too */
-    s->poisoned = 1;
-    for (int r = 0; r < n; r++) mc_oob_close_fd(&s->fds[r]);
-    if (who < 0)
-      mc_fail_tls(MC_ERR_INVALID_ARG, "socket allgather: %zu bytes from each rank (at most %llu, and buffers needed)",
-                  bytes, (unsigned long long)MC_OOB_MSG_CAP);
-    else
-      mc_fail_tls(io == MC_OOB_IO_TIMEOUT ? MC_ERR_TIMEOUT : MC_ERR_SYSTEM, "socket allgather: rank %d %s", who,
-                  io == MC_OOB_IO_EOF   ? "closed the connection (its process exited, or failed an earlier step)"
-                  : io == MC_OOB_IO_TIMEOUT ? "did not take part within the timeout"
-                                            : "sent something else or its connection broke");
-    return -1;
-  }
-  s->seq++;
-  return 0;
-}
-
-mc_result_t mc_oob_socket_get(mc_oob_socket_t *sock, mc_oob_t *out) {
-  if (!sock || !out)
-    return mc_fail_tls(MC_ERR_INVALID_ARG, "mc_oob_socket_get: %s is NULL", sock ? "out" : "sock");
-  out->allgather = socket_allgather;
-  out->user = sock;
-  out->rank = sock->rank;
-  out->world_size = sock->world_size;
   return MC_SUCCESS;
 }

@@ -6,14 +6,18 @@
  * COLLECT (everyone deposits; the last one flips to DRAIN) and DRAIN
  * (everyone copies out; the last one flips back to COLLECT). Every wait is
  * bounded; a timeout poisons the group so that every thread, present or
- * late, fails instead of hanging. */
+ * late, fails instead of hanging, and every one of them says the same: the
+ * ranks that had not come (deposited, or copied out of the previous call)
+ * when the first thread's deadline passed, or why else the group failed. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "mc_error.h"
+#include "mc_oob.h"
 
 typedef struct rank_ctx {
   struct mc_oob_threads *group;
@@ -29,6 +33,8 @@ struct mc_oob_threads {
   size_t bytes, cap;
   unsigned char *buf;
   rank_ctx_t *ctx;
+  unsigned char *in; /* in[r]: rank r deposited in the call under way (COLLECT) or has yet to copy out (DRAIN) */
+  char why[256];     /* failed: what every thread says */
 };
 
 static void deadline_in(struct timespec *ts, int ms) {
@@ -41,13 +47,34 @@ static void deadline_in(struct timespec *ts, int ms) {
   }
 }
 
+/* Poison the group (under its mutex) with the first failure's text. */
+static void fail_group(struct mc_oob_threads *g, const char *why) {
+  if (!g->failed) snprintf(g->why, sizeof g->why, "%s", why);
+  g->failed = 1;
+  pthread_cond_broadcast(&g->cv);
+}
+
+/* The deadline passed: name the ranks this call still waits for, those
+ * that have not deposited (COLLECT) or have not copied out of the
+ * previous call (DRAIN: in[r] is still set for them). */
+static void fail_late(struct mc_oob_threads *g) {
+  char why[sizeof g->why];
+  size_t off = (size_t)snprintf(why, sizeof why, "threads allgather: rank(s) ");
+  for (int r = 0, listed = 0; r < g->world_size && off < sizeof why; r++)
+    if (g->in[r] == g->draining)
+      off += (size_t)snprintf(why + off, sizeof why - off, "%s%d", listed++ ? "," : "", r);
+  if (off < sizeof why)
+    snprintf(why + off, sizeof why - off, " did not come within %d ms (%s)", g->timeout_ms,
+             g->draining ? "to copy out the previous call's result" : "to this call");
+  fail_group(g, why);
+}
+
 /* Wait on the group's condition until woken or the deadline passes;
  * returns non-zero (and poisons the group) on timeout. */
 static int wait_until(struct mc_oob_threads *g, const struct timespec *deadline) {
   int rc = pthread_cond_timedwait(&g->cv, &g->mu, deadline);
   if (rc == ETIMEDOUT) {
-    g->failed = 1;
-    pthread_cond_broadcast(&g->cv);
+    if (!g->failed) fail_late(g);
     return 1;
   }
   return 0;
@@ -63,13 +90,14 @@ static int threads_allgather(const void *send, void *recv, size_t bytes, void *u
   while (!g->failed && g->draining)
     if (wait_until(g, &deadline)) goto out;
   if (g->failed) goto out;
+  char why[sizeof g->why];
   if (g->arrived == 0) {
     size_t need = bytes * (size_t)g->world_size;
     if (need > g->cap) {
       unsigned char *nb = realloc(g->buf, need ? need : 1);
       if (!nb) {
-        g->failed = 1;
-        pthread_cond_broadcast(&g->cv);
+        snprintf(why, sizeof why, "threads allgather: rank %d: out of host memory for %zu bytes", me->rank, need);
+        fail_group(g, why);
         goto out;
       }
       g->buf = nb;
@@ -77,11 +105,13 @@ static int threads_allgather(const void *send, void *recv, size_t bytes, void *u
     }
     g->bytes = bytes;
   } else if (bytes != g->bytes) { /* ranks disagree on the size: nobody may proceed */
-    g->failed = 1;
-    pthread_cond_broadcast(&g->cv);
+    snprintf(why, sizeof why, "threads allgather: rank %d passed %zu bytes, the ranks before it %zu", me->rank, bytes,
+             g->bytes);
+    fail_group(g, why);
     goto out;
   }
   if (bytes) memcpy(g->buf + (size_t)me->rank * bytes, send, bytes);
+  g->in[me->rank] = 1;
   unsigned long gen = g->generation;
   if (++g->arrived == g->world_size) {
     g->draining = 1;
@@ -92,6 +122,7 @@ static int threads_allgather(const void *send, void *recv, size_t bytes, void *u
     if (wait_until(g, &deadline)) goto out;
   if (g->failed) goto out;
   if (bytes) memcpy(recv, g->buf, bytes * (size_t)g->world_size);
+  g->in[me->rank] = 0;
   if (++g->departed == g->world_size) {
     g->draining = 0;
     g->arrived = g->departed = 0;
@@ -99,9 +130,12 @@ static int threads_allgather(const void *send, void *recv, size_t bytes, void *u
   }
   rc = 0;
 out:
+  if (rc != 0) mc_fail_tls(MC_ERR_BOOTSTRAP, "%s", g->why);
   pthread_mutex_unlock(&g->mu);
   return rc;
 }
+
+int mc_oob_threads_is(mc_allgather_fn fn) { return fn == threads_allgather; }
 
 mc_result_t mc_oob_threads_create(int world_size, int timeout_ms, mc_oob_threads_t **out) {
   mc_clear_tls_error();
@@ -111,7 +145,9 @@ mc_result_t mc_oob_threads_create(int world_size, int timeout_ms, mc_oob_threads
   if (timeout_ms <= 0) return mc_fail_tls(MC_ERR_INVALID_ARG, "timeout_ms=%d is <= 0", timeout_ms);
   struct mc_oob_threads *g = calloc(1, sizeof *g);
   if (g) g->ctx = calloc((size_t)world_size, sizeof *g->ctx);
-  if (!g || !g->ctx) {
+  if (g) g->in = calloc((size_t)world_size, 1);
+  if (!g || !g->ctx || !g->in) {
+    if (g) free(g->ctx);
     free(g);
     return mc_fail_tls(MC_ERR_SYSTEM, "out of host memory");
   }
@@ -142,5 +178,6 @@ void mc_oob_threads_destroy(mc_oob_threads_t *g) {
   pthread_mutex_destroy(&g->mu);
   free(g->buf);
   free(g->ctx);
+  free(g->in);
   free(g);
 }

@@ -16,6 +16,7 @@
 #define MC_OOB_JOIN_MAGIC 0x4d434a4eu /* "MCJN" */
 #define MC_OOB_ACK_MAGIC 0x4d43414bu  /* "MCAK" */
 #define MC_OOB_MSG_MAGIC 0x4d434147u  /* "MCAG" */
+#define MC_OOB_NOTE_MAGIC 0x4d434e54u /* "MCNT" */
 #define MC_OOB_WIRE_VERSION 2u
 #define MC_OOB_MSG_CAP ((uint64_t)256 << 20)
 #define MC_OOB_SECRET_BYTES 16
@@ -25,6 +26,13 @@
 #define MC_OOB_HANDSHAKE_MS 2000  /* the most a pending connection may take to send its join */
 #define MC_OOB_EVICT_GRACE_MS 150 /* the least it gets before it may be dropped for a newer one */
 #define MC_OOB_ACCEPT_BATCH 64    /* accepts per wakeup (one read of /proc/net/tcp for them) */
+
+/* What a note (an mc_oob_msg_hdr_t with MC_OOB_NOTE_MAGIC: pad the kind,
+ * bytes the rank it names) says of that rank: its connection closed
+ * without a note (its process died), it destroyed its object, it did not
+ * take part in time, its part was not this allgather's, it gave up the
+ * allgather on its side. mc_oob_gather.c says who sends them. */
+enum { MC_OOB_NOTE_GONE = 1, MC_OOB_NOTE_LEFT, MC_OOB_NOTE_LATE, MC_OOB_NOTE_BROKE, MC_OOB_NOTE_FAILED };
 
 /* Join statuses of the ack. */
 enum { MC_OOB_ST_OK, MC_OOB_ST_TIMEOUT, MC_OOB_ST_FAILED, MC_OOB_ST_RANK_TAKEN, MC_OOB_ST_WORLD_DIFFERS, MC_OOB_ST_RETRY };
@@ -54,10 +62,14 @@ _Static_assert(sizeof(mc_oob_challenge_t) == 24 && sizeof(mc_oob_join_t) == 64 &
 
 /* The object of mc_oob_socket_create. */
 struct mc_oob_socket {
-  int rank, world_size, timeout_ms, poisoned;
+  int rank, world_size, timeout_ms;
+  int formed;   /* create succeeded: destroy tells the others (mc_oob_gather.c) */
+  int poisoned; /* an allgather failed: every socket is closed */
   uint64_t seq; /* allgathers completed */
   int *fds;     /* rank 0: fds[r] = rank r's connection; rank > 0: fds[0] = rank 0's */
+  char why[256]; /* poisoned: the first failure's text */
 };
+
 
 /* Rank 0's handshake on the id's listener lfd: every other rank joined
  * (s->fds[r] its connection) and acknowledged, or a failure that names the
