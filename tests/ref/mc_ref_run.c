@@ -486,6 +486,31 @@ static int run_threads(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result
   return started == W ? 0 : -1;
 }
 
+static const char *signal_name(int sig) {
+  switch (sig) {
+  case SIGKILL: return "SIGKILL";
+  case SIGSEGV: return "SIGSEGV";
+  case SIGBUS: return "SIGBUS";
+  case SIGABRT: return "SIGABRT";
+  case SIGTERM: return "SIGTERM";
+  default: return strsignal(sig);
+  }
+}
+
+/* A rank whose process a signal ended: its failure is that signal, named,
+ * with what the rank had said before it. SIGKILL is what the out-of-memory
+ * killer sends; nothing in a run sends it but a planned stall, which the
+ * text then owns to. */
+static void rank_killed(mc_run_rank_t *me, int r, int sig, int planned) {
+  char before[sizeof me->msg] = "";
+  if (me->failed) snprintf(before, sizeof before, "; before that: %.600s", me->msg);
+  me->failed = 0; /* the signal comes first */
+  mc_rr_fail(me, 0, "rank %d: process killed by signal %d (%s%s)%s%s", r, sig, signal_name(sig),
+             sig == SIGKILL ? ": likely the out-of-memory killer; the kernel log (dmesg) says" : "",
+             planned ? "; here the run's stall_rank raised it" : "", before);
+  me->signal = sig;
+}
+
 static int run_processes(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res) {
   int W = c->world_size;
   mc_unique_id_t id;
@@ -516,8 +541,8 @@ static int run_processes(const mc_case_t *c, const mc_run_opts_t *o, mc_run_resu
   for (int r = 0; r < W; r++) {
     int st = 0;
     if (pids[r] > 0) waitpid(pids[r], &st, 0);
-    if (pids[r] <= 0 || (WIFSIGNALED(st) && r != o->stall_rank))
-      mc_rr_fail(&res->ranks[r], 0, "rank %d: process %s", r, pids[r] <= 0 ? "could not start" : "was killed");
+    if (pids[r] <= 0) mc_rr_fail(&res->ranks[r], 0, "rank %d: process could not start", r);
+    else if (WIFSIGNALED(st)) rank_killed(&res->ranks[r], r, WTERMSIG(st), r == o->stall_rank);
   }
   free(pids);
   return 0;
@@ -561,6 +586,8 @@ void mc_run_free(mc_run_result_t *res) {
 }
 
 const char *mc_run_first_failure(const mc_run_result_t *res) {
+  for (int r = 0; r < res->world_size; r++) /* a rank a signal killed: the others' failures follow from it */
+    if (res->ranks[r].failed && res->ranks[r].signal) return res->ranks[r].msg;
   for (int r = 0; r < res->world_size; r++)
     if (res->ranks[r].failed) return res->ranks[r].msg;
   return "";

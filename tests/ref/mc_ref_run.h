@@ -65,6 +65,7 @@ typedef struct mc_run_rank {
   int rc_after_timeout;   /* what the next call returned after a timeout */
   int transport;          /* mc_comm_transport() of this rank's communicator (-1: none made) */
   uint64_t touched_bytes; /* host pages of expert_x, expert_scale and expert_y in memory at the end */
+  int signal;             /* processes: the signal that ended this rank's process (0: none) */
 } mc_run_rank_t;
 
 typedef struct mc_run_result {
@@ -82,7 +83,9 @@ typedef struct mc_run_result {
  * could not start. The result must be freed with mc_run_free. */
 int mc_run(const mc_case_t *c, const mc_run_opts_t *o, mc_run_result_t *res);
 void mc_run_free(mc_run_result_t *res);
-/* The first failure's text, or "" */
+/* The first failure's text, or "": of a rank a signal killed where there
+ * is one (the root cause the others' failures follow from), else of the
+ * lowest failed rank. */
 const char *mc_run_first_failure(const mc_run_result_t *res);
 
 /* The GPU memory a rank of mc_run takes on a GPU transport: its buffers
