@@ -55,6 +55,19 @@ extern uint64_t mc_test_seed;
 #include "test_list.h"
 #undef MC_TEST
 
+/* The timeout of a wait that only live ranks end: far longer than a slow
+ * machine makes any step of a test, and never waited out by a test that
+ * passes (a rank that must miss a wait is dead, stopped or never comes;
+ * a dead process is seen at once, by its connection or its pid). */
+#define MC_TEST_LIVE_MS 30000
+
+/* test_failures.c: the small case of the stall tests (world ranks, 16
+ * experts, top-4, 8 tokens) and the options that run it for 4 rounds on
+ * the cpu transport, rank `stalled` stopping before dispatch of round 3. */
+struct mc_case;
+struct mc_run_opts;
+void mc_test_stall_setup(uint64_t seed, int world, int stalled, int timeout_ms, struct mc_case *c,
+                         struct mc_run_opts *o);
 /* A stalled rank (world / 2) makes the other world - 1 time out (test_failures.c;
  * the GPU tests use it too). */
 int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms, int world);
@@ -67,6 +80,12 @@ int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_com
  * kernel: its failure shows once the stream is done). */
 mc_a2a_config_t mc_test_small_config(void);
 mc_result_t mc_test_barrier_done(mc_a2a_t *a2a, int gpu);
+
+/* test_blame.c: whether a failure's text puts the failure on rank `dead`
+ * and on no other rank: every phrase that blames a rank ("rank 3 is the one
+ * missing", "rank 3 closed its connection", "rank(s) 3 did not come", ...)
+ * names dead alone, and there is at least one. */
+int mc_test_blames_only(const char *msg, int dead);
 
 /* Deterministic 64-bit generator (splitmix64) for tests and the reference. */
 static inline uint64_t mc_test_rand(uint64_t *state) {
