@@ -2,10 +2,15 @@
  * (mc_test_procs.h). */
 #include "mc_test_procs.h"
 
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,12 +30,26 @@ void mc_proc_sleep_ms(int ms) {
   }
 }
 
+static _Atomic int *steps; /* [MC_PROC_STEPS], shared with the children */
+
+void mc_proc_mark(int k) { atomic_fetch_add(&steps[k], 1); }
+
+void mc_proc_await(int k, int n) {
+  while (atomic_load(&steps[k]) < n) mc_proc_sleep_ms(1);
+}
+
 /* Fork c->nprocs children running fn; codes[p] = exit status, -1 if it was
  * killed. Waits at most wait_ms in all, then kills what is left; returns 0 if
  * every child ended by itself in time. */
 int mc_proc_run(const mc_proc_ctx_t *c, mc_proc_fn fn, int wait_ms, int *codes) {
   pid_t pid[MC_PROC_MAX];
   int alive = 0, late = 0;
+  if (!steps) {
+    void *m = mmap(NULL, sizeof(int) * MC_PROC_STEPS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return -1;
+    steps = m;
+  }
+  for (int k = 0; k < MC_PROC_STEPS; k++) atomic_store(&steps[k], 0);
   fflush(stdout);
   fflush(stderr);
   for (int p = 0; p < c->nprocs; p++) {
@@ -70,6 +89,30 @@ int mc_proc_run(const mc_proc_ctx_t *c, mc_proc_fn fn, int wait_ms, int *codes) 
   for (int p = 0; p < c->nprocs; p++)
     if (pid[p] < 0) return -1; /* fork failed */
   return late ? -1 : 0;
+}
+
+uint16_t mc_proc_id_port(const mc_unique_id_t *id) {
+  uint16_t port; /* after u32 magic, u32 version, u32 address (mc_oob_socket.c) */
+  memcpy(&port, id->internal + 12, sizeof port);
+  return port;
+}
+
+int mc_proc_await_connection(const mc_unique_id_t *id) {
+  for (int fd = 3; fd < 1024; fd++) {
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    int listening = 0;
+    socklen_t ll = sizeof listening;
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 || sa.sin_family != AF_INET ||
+        sa.sin_port != mc_proc_id_port(id) || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) != 0 ||
+        !listening)
+      continue;
+    struct pollfd p = {fd, POLLIN, 0};
+    while (poll(&p, 1, -1) != 1) {
+    }
+    return 0;
+  }
+  return -1;
 }
 
 /* One world: process p is rank p, no delays. */

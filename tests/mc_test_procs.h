@@ -34,6 +34,21 @@ int mc_proc_run(const mc_proc_ctx_t *c, mc_proc_fn fn, int wait_ms, int *codes);
 int mc_proc_cuda_seen(void);
 /* One world: process p is rank p, no delays. */
 void mc_proc_world(mc_proc_ctx_t *c, int world, int timeout_ms);
+/* Steps that order a run's processes (and its parent) without a clock:
+ * counters in memory that mc_proc_run maps shared and sets to 0 before it
+ * forks. mc_proc_mark(k) adds one to counter k; mc_proc_await(k, n) returns
+ * once it reached n (no deadline: mc_proc_run's wait ends a run that
+ * hangs). k < MC_PROC_STEPS. */
+#define MC_PROC_STEPS 8
+void mc_proc_mark(int k);
+void mc_proc_await(int k, int n);
+/* The port of an id (network byte order), as the wire format places it. */
+uint16_t mc_proc_id_port(const mc_unique_id_t *id);
+/* Rank 0's process, before its mc_oob_socket_create: return once a
+ * connection waits on the id's listener (inherited from the parent that
+ * made the id), so that the create must see it, however late it runs. 0,
+ * or -1 if this process holds no such listener. */
+int mc_proc_await_connection(const mc_unique_id_t *id);
 /* Bytes that rank `rank` contributes to call `iter`, reproducible anywhere. */
 void mc_proc_fill(unsigned char *b, size_t n, int rank, int iter);
 /* One allgather of `bytes` and a check of every rank's part (0: all right). */
