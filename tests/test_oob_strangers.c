@@ -1,7 +1,11 @@
 /* test_oob_strangers.c - the process bootstrap against what a library
  * process never does: a fake rank 0, junk and replayed proofs, floods of
  * idle connections, other users. The tests speak the wire format of
- * src/bootstrap/mc_oob_socket.c's header comment themselves. */
+ * src/bootstrap/mc_oob_socket.c's header comment themselves. Whether a
+ * connection was dropped at once or only when idle too long is told by
+ * what it received (nothing, or a note), not by the clock; the real ranks
+ * come after the strangers by mc_proc_await, not by sleeps; every wait for
+ * a live process has MC_TEST_LIVE_MS. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <grp.h>
@@ -30,13 +34,7 @@ static void close_quiet(int *fd) {
   *fd = -1;
 }
 
-static uint16_t id_port(const mc_unique_id_t *id) {
-  uint16_t p;
-  memcpy(&p, id->internal + ID_PORT_AT, sizeof p);
-  return p;
-}
-
-static void set_id_port(mc_unique_id_t *id, uint16_t port) {
+static void set_mc_proc_id_port(mc_unique_id_t *id, uint16_t port) {
   memcpy(id->internal + ID_PORT_AT, &port, sizeof port);
 }
 
@@ -169,12 +167,13 @@ static int fake_root_joiner(const void *arg) {
 
 /* The fake rank 0 in this process: mode 0 challenges, reads the join and
  * answers "all joined" with a made-up mac; mode 1 hangs up after the join;
- * mode 2 never challenges. Everything the joining rank sent lands in buf. */
+ * mode 2 never challenges (and reads what comes until the joining rank
+ * gives up). Everything the joining rank sent lands in buf. */
 static size_t play_fake_root(int lfd, int mode, unsigned char *buf, size_t cap) {
-  int fd = accept_within(lfd, 5000), eof;
+  int fd = accept_within(lfd, MC_TEST_LIVE_MS), eof;
   if (fd < 0) return (size_t)-1;
   if (mode != 2) send_challenge(fd);
-  size_t n = read_for(fd, buf, mode == 2 ? cap : JOIN_BYTES, mode == 2 ? 1500 : 3000, &eof);
+  size_t n = read_for(fd, buf, mode == 2 ? cap : JOIN_BYTES, MC_TEST_LIVE_MS, &eof);
   if (mode == 0) {
     unsigned char ack[ACK_BYTES] = {0};
     uint32_t head[4] = {0x4d43414bu, 0, 2, 0}; /* "MCAK", status 0 (all joined), world 2 */
@@ -183,22 +182,22 @@ static size_t play_fake_root(int lfd, int mode, unsigned char *buf, size_t cap) 
     (void)!write(fd, ack, sizeof ack);
   }
   if (mode == 1) shutdown(fd, SHUT_RDWR);
-  if (!eof && n < cap) n += read_for(fd, buf + n, cap - n, 3000, &eof); /* until it hangs up */
+  if (!eof && n < cap) n += read_for(fd, buf + n, cap - n, MC_TEST_LIVE_MS, &eof); /* until it hangs up */
   close(fd);
   return n;
 }
 
 int test_oob_socket_fake_root(void) {
   for (int mode = 0; mode < 3; mode++) {
-    fake_ctx_t f = {.mode = mode, .timeout_ms = mode == 2 ? 500 : 4000};
+    fake_ctx_t f = {.mode = mode, .timeout_ms = mode == 2 ? 500 : MC_TEST_LIVE_MS};
     mc_oob_socket_t *s = NULL;
     MC_CHECK_OK(mc_unique_id_create(&f.id));
     /* rank 0 gives up waiting and closes its listener: the port is free */
     MC_CHECK_RC(mc_oob_socket_create(&f.id, 0, 2, 20, &s), MC_ERR_TIMEOUT);
-    int lfd = listen_loopback(id_port(&f.id));
+    int lfd = listen_loopback(mc_proc_id_port(&f.id));
     if (lfd < 0) { /* someone else took the freed port already: point the id at ours */
       lfd = listen_loopback(0);
-      set_id_port(&f.id, bound_port(lfd));
+      set_mc_proc_id_port(&f.id, bound_port(lfd));
     }
     MC_CHECK(lfd >= 0);
     pid_t pid = spawn(fake_root_joiner, &f);
@@ -206,7 +205,7 @@ int test_oob_socket_fake_root(void) {
     unsigned char got[4096];
     size_t n = play_fake_root(lfd, mode, got, sizeof got);
     close(lfd);
-    int code = reap(pid, 8000);
+    int code = reap(pid, 2 * MC_TEST_LIVE_MS);
     MC_CHECK_MSG(code == MC_PROC_REFUSED, "mode %d: the joining rank exited with %d", mode, code);
     MC_CHECK_MSG(n == (mode == 2 ? 0u : (size_t)JOIN_BYTES),
                  "mode %d: the fake rank 0 got %zu bytes", mode, n);
@@ -220,7 +219,7 @@ static unsigned char replayed_join[JOIN_BYTES];
 
 static int capture_joiner(const void *arg) {
   mc_oob_socket_t *s = NULL;
-  (void)mc_oob_socket_create(arg, 1, 3, 3000, &s); /* fails: the listener is no rank 0 */
+  (void)mc_oob_socket_create(arg, 1, 3, MC_TEST_LIVE_MS, &s); /* fails: the listener is no rank 0 */
   mc_oob_socket_destroy(s);
   return 0;
 }
@@ -231,23 +230,24 @@ static int capture_join(const mc_unique_id_t *id) {
   mc_unique_id_t elsewhere = *id;
   int lfd = listen_loopback(0), eof;
   MC_CHECK(lfd >= 0);
-  set_id_port(&elsewhere, bound_port(lfd));
+  set_mc_proc_id_port(&elsewhere, bound_port(lfd));
   pid_t pid = spawn(capture_joiner, &elsewhere);
   MC_CHECK(pid > 0);
-  int fd = accept_within(lfd, 5000);
+  int fd = accept_within(lfd, MC_TEST_LIVE_MS);
   MC_CHECK(fd >= 0);
   send_challenge(fd);
-  size_t n = read_for(fd, replayed_join, JOIN_BYTES, 3000, &eof);
+  size_t n = read_for(fd, replayed_join, JOIN_BYTES, MC_TEST_LIVE_MS, &eof);
   close(fd);
   close(lfd);
-  MC_CHECK(reap(pid, 5000) == 0);
+  MC_CHECK(reap(pid, 2 * MC_TEST_LIVE_MS) == 0);
   MC_CHECK_MSG(n == JOIN_BYTES, "captured %zu bytes", n);
   return 0;
 }
 
 /* A stranger on rank 0's port: mode 0 answers the challenge with junk, 1
  * with the replayed join, 2 sends junk without reading. Rank 0 must close
- * the connection soon, having sent nothing but its challenge. */
+ * the connection at once, having sent nothing but its challenge: one it
+ * dropped as idle, at its handshake deadline, would also have its note. */
 static int stranger_conn(int mode, uint16_t port) {
   unsigned char buf[4096];
   int fd = connect_loopback(port), eof = 0;
@@ -257,24 +257,29 @@ static int stranger_conn(int mode, uint16_t port) {
     for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131 + 7);
     (void)!write(fd, buf, sizeof buf);
   } else {
-    n = read_for(fd, buf, CHALLENGE_BYTES, 3000, &eof);
+    n = read_for(fd, buf, CHALLENGE_BYTES, MC_TEST_LIVE_MS, &eof);
     MC_CHECK_MSG(n == CHALLENGE_BYTES, "stranger %d: no challenge (%zu bytes)", mode, n);
     if (mode == 0) memset(buf, 0x33, JOIN_BYTES);
     else memcpy(buf, replayed_join, JOIN_BYTES);
     (void)!write(fd, buf, JOIN_BYTES);
   }
-  int64_t t0 = mc_proc_now_ms();
-  n += read_for(fd, buf, sizeof buf, 3000, &eof);
+  n += read_for(fd, buf, sizeof buf, MC_TEST_LIVE_MS, &eof);
   close(fd);
-  MC_CHECK_MSG(eof && mc_proc_now_ms() - t0 < 1000, "stranger %d: connection still open after %d ms", mode,
-               (int)(mc_proc_now_ms() - t0));
+  MC_CHECK_MSG(eof, "stranger %d: connection still open after %d ms", mode, MC_TEST_LIVE_MS);
   MC_CHECK_MSG(n <= CHALLENGE_BYTES, "stranger %d: got %zu bytes, more than a challenge", mode, n);
   return 0;
 }
 
-/* Processes 0-2 are ranks 0-2, 3-5 strangers that come first. */
+/* Processes 0-2 are ranks 0-2, 3-5 strangers; ranks 1 and 2 come once the
+ * three strangers are done (step 0), so that rank 0 is still taking joins
+ * when they come. */
 static int stranger_join_child(const mc_proc_ctx_t *c, int p) {
-  if (p >= c->world) return stranger_conn(p - c->world, id_port(&c->id));
+  if (p >= c->world) {
+    const int rc = stranger_conn(p - c->world, mc_proc_id_port(&c->id));
+    mc_proc_mark(0);
+    return rc;
+  }
+  if (p > 0) mc_proc_await(0, c->nprocs - c->world);
   mc_oob_socket_t *s;
   mc_oob_t oob;
   MC_CHECK_OK(mc_oob_socket_create(&c->id, c->rank[p], c->world, c->timeout_ms, &s));
@@ -287,12 +292,11 @@ static int stranger_join_child(const mc_proc_ctx_t *c, int p) {
 int test_oob_socket_stranger_join(void) {
   mc_proc_ctx_t c;
   int codes[MC_PROC_MAX];
-  mc_proc_world(&c, 3, 5000);
+  mc_proc_world(&c, 3, MC_TEST_LIVE_MS);
   c.nprocs = 6;
-  c.delay_ms[1] = c.delay_ms[2] = 300;
   MC_CHECK_OK(mc_unique_id_create(&c.id));
   if (capture_join(&c.id)) return 1;
-  MC_CHECK(mc_proc_run(&c, stranger_join_child, 20000, codes) == 0);
+  MC_CHECK(mc_proc_run(&c, stranger_join_child, 4 * MC_TEST_LIVE_MS, codes) == 0);
   for (int p = 0; p < c.nprocs; p++)
     MC_CHECK_MSG(codes[p] == 0, "process %d exited with %d", p, codes[p]);
   return 0;
@@ -340,15 +344,15 @@ static int flooder(uint16_t port, int hold_ms) {
 
 /* Process 4 floods from the start; ranks 1-3 connect in the midst of it,
  * each with over a hundred idle connections queued behind it; rank 0 starts
- * accepting once they all wait in its listen queue, while the flood goes on. */
+ * accepting once they all wait in its listen queue, while the flood goes on.
+ * Every rank must join and exchange, however long the flood held it up: how
+ * soon is not asked (MC_OOB_EVICT_GRACE_MS makes it soon; a clock in a test
+ * would make its verdict the machine's speed). */
 static int flood_child(const mc_proc_ctx_t *c, int p) {
-  if (p == c->world) return flooder(id_port(&c->id), 1500);
+  if (p == c->world) return flooder(mc_proc_id_port(&c->id), 1500);
   mc_oob_socket_t *s;
   mc_oob_t oob;
-  int64_t t0 = mc_proc_now_ms();
   MC_CHECK_OK(mc_oob_socket_create(&c->id, c->rank[p], c->world, c->timeout_ms, &s));
-  MC_CHECK_MSG(mc_proc_now_ms() - t0 < c->timeout_ms / 2, "rank %d: the join took %d ms", c->rank[p],
-               (int)(mc_proc_now_ms() - t0));
   MC_CHECK_OK(mc_oob_socket_get(s, &oob));
   if (mc_proc_gather_check(&oob, 100, 0) || mc_proc_gather_check(&oob, 5000, 1)) return 1;
   mc_oob_socket_destroy(s);
@@ -359,13 +363,13 @@ int test_oob_socket_flood(void) {
   for (int round = 0; round < 3; round++) {
     mc_proc_ctx_t c;
     int codes[MC_PROC_MAX];
-    mc_proc_world(&c, 4, 8000);
+    mc_proc_world(&c, 4, MC_TEST_LIVE_MS);
     c.nprocs = 5;
     c.rank[4] = -1;
     int delays[4] = {300, 60, 120, 180};
     memcpy(c.delay_ms, delays, sizeof delays);
     MC_CHECK_OK(mc_unique_id_create(&c.id));
-    MC_CHECK(mc_proc_run(&c, flood_child, 20000, codes) == 0);
+    MC_CHECK(mc_proc_run(&c, flood_child, 4 * MC_TEST_LIVE_MS, codes) == 0);
     for (int p = 0; p < c.nprocs; p++)
       MC_CHECK_MSG(codes[p] == 0, "round %d: process %d exited with %d", round, p, codes[p]);
   }
@@ -379,25 +383,29 @@ static int become_nobody(void) {
   return 0;
 }
 
-/* Another user's connection to rank 0: closed at once, not even challenged. */
+/* Another user's connection to rank 0: closed at once, not even challenged
+ * (a connection challenged, or dropped when idle, would have bytes). Step
+ * 0 once it is closed. */
 static int nobody_conn(uint16_t port) {
   if (become_nobody()) return 1;
   unsigned char buf[256];
   int fd = connect_loopback(port), eof;
   MC_CHECK(fd >= 0);
-  int64_t t0 = mc_proc_now_ms();
-  size_t n = read_for(fd, buf, sizeof buf, 3000, &eof);
+  size_t n = read_for(fd, buf, sizeof buf, MC_TEST_LIVE_MS, &eof);
   close(fd);
-  MC_CHECK_MSG(eof && n == 0 && mc_proc_now_ms() - t0 < 1000,
-               "another user's connection: %zu bytes, %s after %d ms", n, eof ? "closed" : "open",
-               (int)(mc_proc_now_ms() - t0));
+  mc_proc_mark(0);
+  MC_CHECK_MSG(eof && n == 0, "another user's connection: %zu bytes, %s", n, eof ? "closed" : "open");
   return 0;
 }
 
 /* mode 0: ranks 0-2 form a group while process 3, another user, connects
- * first; mode 1: rank 0 waits alone and its timeout text counts the drop. */
+ * first (ranks 1 and 2 come once it is closed, step 0); mode 1: rank 0
+ * waits alone, starting once that connection waits for it, and its
+ * timeout text counts the drop. */
 static int other_user_child(const mc_proc_ctx_t *c, int p) {
-  if (c->rank[p] < 0) return nobody_conn(id_port(&c->id));
+  if (c->rank[p] < 0) return nobody_conn(mc_proc_id_port(&c->id));
+  if (c->mode == 0 && c->rank[p] > 0) mc_proc_await(0, 1);
+  if (c->mode == 1) MC_CHECK(mc_proc_await_connection(&c->id) == 0);
   mc_oob_socket_t *s = NULL;
   mc_oob_t oob;
   mc_result_t rc = mc_oob_socket_create(&c->id, c->rank[p], c->world, c->timeout_ms, &s);
@@ -421,11 +429,11 @@ static int nobody_root(const void *arg) {
   int lfd = listen_loopback(0), eof;
   uint16_t port = bound_port(lfd);
   MC_CHECK(lfd >= 0 && write(*pipe_w, &port, sizeof port) == sizeof port);
-  int fd = accept_within(lfd, 5000);
+  int fd = accept_within(lfd, MC_TEST_LIVE_MS);
   MC_CHECK(fd >= 0);
   send_challenge(fd);
   unsigned char buf[256];
-  size_t n = read_for(fd, buf, sizeof buf, 3000, &eof);
+  size_t n = read_for(fd, buf, sizeof buf, MC_TEST_LIVE_MS, &eof);
   MC_CHECK_MSG(n == 0 && eof, "the rank sent %zu bytes to another user's process", n);
   return 0;
 }
@@ -437,17 +445,17 @@ static int joiner_refuses_other_user(void) {
   pid_t pid = spawn(nobody_root, &pfd[1]);
   MC_CHECK(pid > 0);
   struct pollfd p = {pfd[0], POLLIN, 0};
-  MC_CHECK(poll(&p, 1, 5000) == 1 && read(pfd[0], &port, sizeof port) == sizeof port);
+  MC_CHECK(poll(&p, 1, MC_TEST_LIVE_MS) == 1 && read(pfd[0], &port, sizeof port) == sizeof port);
   close(pfd[0]);
   close(pfd[1]);
   mc_unique_id_t id;
   mc_oob_socket_t *s = NULL;
   MC_CHECK_OK(mc_unique_id_create(&id));
-  set_id_port(&id, port);
-  mc_result_t rc = mc_oob_socket_create(&id, 1, 2, 3000, &s);
+  set_mc_proc_id_port(&id, port);
+  mc_result_t rc = mc_oob_socket_create(&id, 1, 2, MC_TEST_LIVE_MS, &s);
   MC_CHECK_MSG(rc == MC_ERR_BOOTSTRAP && strstr(mc_last_error(), "belongs to uid 65534"),
                "joining another user's rank 0: %s: %s", mc_result_string(rc), mc_last_error());
-  int code = reap(pid, 8000);
+  int code = reap(pid, 2 * MC_TEST_LIVE_MS);
   MC_CHECK_MSG(code == 0, "the other user's fake rank 0 exited with %d", code);
   return 0;
 }
@@ -460,14 +468,12 @@ int test_oob_socket_other_user(void) {
   for (int mode = 0; mode < 2; mode++) {
     mc_proc_ctx_t c;
     int codes[MC_PROC_MAX];
-    mc_proc_world(&c, mode == 0 ? 3 : 2, mode == 0 ? 5000 : 800);
+    mc_proc_world(&c, mode == 0 ? 3 : 2, mode == 0 ? MC_TEST_LIVE_MS : 300);
     c.mode = mode;
     c.nprocs = mode == 0 ? 4 : 2; /* the last process is the other user */
     c.rank[c.nprocs - 1] = -1;
-    c.delay_ms[0] = 50;
-    if (mode == 0) c.delay_ms[1] = c.delay_ms[2] = 300;
     MC_CHECK_OK(mc_unique_id_create(&c.id));
-    MC_CHECK(mc_proc_run(&c, other_user_child, 20000, codes) == 0);
+    MC_CHECK(mc_proc_run(&c, other_user_child, 4 * MC_TEST_LIVE_MS, codes) == 0);
     for (int p = 0; p < c.nprocs; p++)
       MC_CHECK_MSG(codes[p] == 0, "mode %d: process %d exited with %d", mode, p, codes[p]);
   }
