@@ -233,7 +233,7 @@ int test_experts_not_divisible(void) {
   three_t t[3];
   pthread_t th[3];
   mc_oob_threads_t *g;
-  MC_CHECK_OK(mc_oob_threads_create(3, 5000, &g));
+  MC_CHECK_OK(mc_oob_threads_create(3, MC_TEST_LIVE_MS, &g));
   for (int r = 0; r < 3; r++) {
     t[r] = (three_t){g, r, MC_SUCCESS, {0}};
     MC_CHECK(pthread_create(&th[r], NULL, three_main, &t[r]) == 0);

@@ -51,7 +51,7 @@ static void *ov_main(void *p) {
   mc_oob_threads_get(r->group, r->rank, &oob);
   mc_comm_config_t cc = MC_COMM_CONFIG_INITIALIZER;
   cc.transport = MC_TRANSPORT_CPU;
-  cc.timeout_ms = 5000;
+  cc.timeout_ms = MC_TEST_LIVE_MS;
   if (mc_comm_create(&oob, &cc, &comm) != MC_SUCCESS) return ov_fail(r, "comm"), NULL;
   for (int k = 0; k < 2; k++) {
     const mc_case_t *c = &r->cases[k];
