@@ -7,9 +7,15 @@ import moecomm
 from mc_ref import expert_fn, from_storage, ref_combine, ref_dispatch
 
 
-def run_threads(world_size, fn, *, group_size=1, timeout_ms=5000, join_s=60):
+# The timeout of the threads group (its allgathers: creates, barriers) and,
+# unless a test asks for a timeout of its own, of the communicators: they
+# wait only for live threads, which a loaded machine can hold back for long.
+GROUP_TIMEOUT_MS = 30000
+
+
+def run_threads(world_size, fn, *, group_size=1, timeout_ms=GROUP_TIMEOUT_MS, join_s=60):
     """fn(rank, comm) on world_size threads; returns results, re-raises the first error."""
-    group = moecomm.ThreadsGroup(world_size, timeout_ms)
+    group = moecomm.ThreadsGroup(world_size, GROUP_TIMEOUT_MS)
     results, errors = [None] * world_size, [None] * world_size
 
     def body(r):

@@ -4,7 +4,7 @@ import pytest
 
 import moecomm
 from mc_ref import make_group_inputs
-from mc_run import check_rank, one_round, run_threads
+from mc_run import GROUP_TIMEOUT_MS, check_rank, one_round, run_threads
 
 HIDDEN, MAX_TOKENS, K = 16, 6, 3
 
@@ -112,7 +112,7 @@ def test_exit_with_a_rank_masked(rng):
 def test_python_allgather_callback(rng):
     """A Communicator over a pure-Python allgather (the ctypes callback path)."""
     import threading
-    ws, box, barrier = 2, {}, threading.Barrier(2, timeout=10)
+    ws, box, barrier = 2, {}, threading.Barrier(2, timeout=GROUP_TIMEOUT_MS / 1000)
 
     def make_allgather(rank):
         def allgather(data):
@@ -128,7 +128,7 @@ def test_python_allgather_callback(rng):
 
     def body(rank):
         try:
-            comm = moecomm.Communicator(make_allgather(rank), rank, ws, timeout_ms=5000)
+            comm = moecomm.Communicator(make_allgather(rank), rank, ws, timeout_ms=GROUP_TIMEOUT_MS)
             with moecomm.AllToAll(comm, max_tokens=MAX_TOKENS, num_experts=4, experts_per_token=2, hidden=HIDDEN,
                                   token_bytes=HIDDEN * 4, combine_in_dtype="fp32", combine_out_dtype="fp32") as a2a:
                 results[rank] = one_round(a2a, rank, groups[rank], _bufs(a2a, 0)), a2a.num_local_experts
@@ -138,7 +138,7 @@ def test_python_allgather_callback(rng):
 
     ts = [threading.Thread(target=body, args=(r,)) for r in range(ws)]
     [t.start() for t in ts]
-    [t.join(30) for t in ts]
+    [t.join(2 * GROUP_TIMEOUT_MS / 1000) for t in ts]
     assert not errors, errors
     for rank, (got, L) in enumerate(results):
         check_rank(groups, rank, 1, L, got, "fp32", "fp32")
