@@ -5,9 +5,9 @@
  * 2T). After a barrier, with nothing masked, rank 1 stays away until rank
  * 0's first call has timed out (mc_proc_await on rank 0's step, so it is
  * away for sure, however slow either is), then:
- * 1. rank 0 calls again at once; rank 1 makes its first call T/2 later,
+ * 1. rank 0 calls again at once; rank 1 makes its first call T/4 later,
  *    into rank 0's second attempt;
- * 2. rank 0 calls again T/2 later; rank 1 calls at once, when rank 0's
+ * 2. rank 0 calls again T/4 later; rank 1 calls at once, when rank 0's
  *    slot says it gave up its first attempt, and must meet the second.
  * (A loaded machine may swap the two orders; both must meet.) Then both
  * make three mask calls and three barriers back to back: every one must
@@ -27,8 +27,8 @@
 #include "mc_test_procs.h"
 
 /* One scenario: rank 1 calls once step `step` says rank 0's first call
- * timed out, after T/2 when rank 0 retries at once (retry_later 0), at
- * once when rank 0 retries T/2 later. */
+ * timed out, after T/4 when rank 0 retries at once (retry_later 0), at
+ * once when rank 0 retries T/4 later. */
 static mc_result_t meet_late(mc_a2a_t *a2a, int rank, int gpu, int timeout_ms, int retry_later, int step, char *msg,
                              size_t len) {
   static const uint8_t none[2] = {0, 0};
@@ -36,7 +36,7 @@ static mc_result_t meet_late(mc_a2a_t *a2a, int rank, int gpu, int timeout_ms, i
   if (rc != MC_SUCCESS) return rc;
   if (rank == 1) {
     mc_proc_await(step, 1);
-    if (!retry_later) mc_proc_sleep_ms(timeout_ms / 2);
+    if (!retry_later) mc_proc_sleep_ms(timeout_ms / 4);
     return mc_a2a_mask_ranks(a2a, none);
   }
   const int64_t t0 = mc_proc_now_ms();
@@ -52,7 +52,7 @@ static mc_result_t meet_late(mc_a2a_t *a2a, int rank, int gpu, int timeout_ms, i
     snprintf(msg, len, "the first call timed out after %lld ms, not 2 x %d", (long long)waited, timeout_ms);
     return MC_ERR_INTERNAL;
   }
-  if (retry_later) mc_proc_sleep_ms(timeout_ms / 2);
+  if (retry_later) mc_proc_sleep_ms(timeout_ms / 4);
   return mc_a2a_mask_ranks(a2a, none);
 }
 
@@ -82,8 +82,8 @@ static mc_result_t retry_steps(mc_comm_t *comm, int rank, int gpu, int T, char *
  * Three ranks, T the timeout. Ranks 0 and 2 make a mask call that keeps
  * rank 1, which is away (until both have marked a step after their
  * rounds): it times out; they mask rank 1 and run two rounds without it.
- * Then all three clear the mask, rank 1 first (the others T/2 after it
- * said it calls), and again with rank 1 last (T/2 after the others); two
+ * Then all three clear the mask, rank 1 first (the others T/4 after it
+ * said it calls), and again with rank 1 last (T/4 after the others); two
  * rounds with all three follow each. Before a failed call left
  * "gave up" in its peers' slots, rank 1 coming first took the failed
  * call's first step for a live one, and took in the state of before the
@@ -165,11 +165,11 @@ static mc_result_t rejoin_steps(mc_comm_t *comm, int rank, int gpu, int T, char 
       if (rc != MC_SUCCESS) break;
       if (late_first) {
         mc_proc_await(calls, 1);
-        mc_proc_sleep_ms(T / 2);
+        mc_proc_sleep_ms(T / 4);
       }
     } else {
       mc_proc_await(done, 2);
-      if (!late_first) mc_proc_sleep_ms(T / 2);
+      if (!late_first) mc_proc_sleep_ms(T / 4);
       mc_proc_mark(calls);
     }
     rc = mc_a2a_mask_ranks(a2a, none);
@@ -233,7 +233,9 @@ static int run_retry(int mode, int timeout_ms) {
   return 0;
 }
 
-int test_mask_retry(void) { return run_retry(0, 500) || run_retry(2, 500); }
+/* T = 1000 ms: each live rank is a call away from its peer, which waits up
+ * to 2T for it (T/4 of that spent on purpose) */
+int test_mask_retry(void) { return run_retry(0, 1000) || run_retry(2, 1000); }
 
 int test_gpu_mask_retry(void) {
   if (!mc_proc_cuda_seen()) {
