@@ -50,9 +50,9 @@ LINK = dict(
 # Local cost of a phase: everything but the network, taken from moecomm's
 # measured EP2 whole phase on two H200s over NVLink (mc-bench --transport p2p
 # --whole -r 300, medians, 2026-11-30 22:31 UTC, the kernels of 79a57a7;
-# docs/multi-node.md says where the raw data is): launches and events (the
-# 7.5 us floor of mc-bench --floor is inside), the prep, the copies. Assumed not to grow with the world size (it does, a little: more
-# records to copy in).
+# docs/multi-node.md says where the raw data is): launches and events (a
+# half's 7.5 us with no bytes, mc_a2a_barrier alone, is inside), the prep, the copies. Assumed not to grow with the world size (it
+# does, a little: more records to copy in).
 LOCAL_US = {"dispatch": {1: 24.3, 128: 30.6}, "combine": {1: 17.6, 128: 24.4}}
 
 # Figures other projects published, not measured here (EP16, 128 tokens, us).
