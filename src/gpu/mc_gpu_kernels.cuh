@@ -67,6 +67,15 @@
 
 #define MC_THREADS 512
 
+/* Blocks the one-launch dispatch kernel needs for a call of m tokens: a
+ * warp for each payload piece (MC_QUANT_WARPS where it quantises) beside
+ * block 0, which publishes the metas and stores none; at most grid. */
+static inline __host__ __device__ int mc_one_blocks(const mc_shape_t *s, int m, int quant, int grid) {
+  const int64_t warps = MC_THREADS / 32, per = quant ? MC_QUANT_WARPS : 1;
+  const int64_t need = ((int64_t)m * mc_token_segs(s) * per + warps - 1) / warps + 1;
+  return need > grid ? grid : (int)need;
+}
+
 /* Dynamic shared memory, beside the kernels that carve it (prep's:
  * mc_gpu_prep.cuh; dispatch-recv's: mc_gpu_dispatch_recv.cuh).
  * dispatch-send (chunked) and combine-send: sent[W], what this block stored into each rank. */
@@ -159,16 +168,17 @@ MC_DEV mc_target_t mc_header_target(const mc_kargs_t &a, const int K, const mc_r
  * 0, adding all its pieces at once. Headers: the warp of piece 0 stores
  * them too, built from the prep's positions (one launch, hdr_staged 0:
  * lane k the k-th target, mc_header_target) or copied from staging
- * (chunked, 1). Blocks from b0 on take part (the one-launch
+ * (chunked, 1). Blocks b0 to nb - 1 take part (the one-launch
  * kernel leaves out block 0, which publishes the round's metas first: its
  * share of pieces went out last). Each block counts the pieces it stored
  * per destination in sent[] for mc_block_signal_counts. */
 MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int quant, const mc_route_tab_t &tab,
-                                    const int begin, const int end, const int hdr_staged, const int b0, uint32_t *sent) {
+                                    const int begin, const int end, const int hdr_staged, const int b0, const int nb,
+                                    uint32_t *sent) {
   const mc_shape_t *s = &a.s;
   const int S = mc_token_segs(s), lane = threadIdx.x & 31;
   if ((int)blockIdx.x < b0) return;
-  const int gw = ((blockIdx.x - b0) * blockDim.x + threadIdx.x) >> 5, nw = ((gridDim.x - b0) * blockDim.x) >> 5;
+  const int gw = ((blockIdx.x - b0) * blockDim.x + threadIdx.x) >> 5, nw = ((nb - b0) * blockDim.x) >> 5;
   const uint64_t rec_bytes = mc_record_bytes(s), hdr = mc_header_bytes(s);
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
   /* quantising, MC_QUANT_WARPS neighbouring warps a piece, all in one
@@ -233,7 +243,7 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const 
   const uint64_t round = *mc_ws_round(&a);
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
-  mc_dispatch_send_pieces(a, s->topk, quant, mc_tab_global(a), begin, end, 1, 0, sent);
+  mc_dispatch_send_pieces(a, s->topk, quant, mc_tab_global(a), begin, end, 1, 0, gridDim.x, sent);
   /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
@@ -264,21 +274,29 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q_masked
 }
 
 /* ---- dispatch-send in one launch, where the group's tokens fit one prep
- * chunk and every peer is reachable: every block preps (mc_gpu_prep.cuh),
- * then stores its pieces; the last block out counts the call and, if it
- * was accepted, writes the round number (every block has read the old one
- * by then). ---- */
+ * chunk and every peer is reachable: the blocks the call's tokens need
+ * prep (mc_gpu_prep.cuh), then store their pieces; the last of them out
+ * counts the call and, if it was accepted, writes the round number (every
+ * block has read the old one by then). The grid is sized for the most
+ * tokens a call may pass (bound_m gives the count on the device); blocks
+ * past what this call needs leave at once, so that the receiving kernel's
+ * blocks, which cannot share an SM with one of these (registers), find
+ * their SMs free. ---- */
 MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const int quant) {
   const mc_shape_t *s = &a.s;
   const uint64_t round = *mc_ws_round(&a) + 1;
-  const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round); /* no rank masked: mc_gpu_launch.cuh */
+  const int m = mc_call_m(a);
+  /* a count out of range: every block, to refuse it in the prep */
+  const int nb = m < 0 || m > a.m ? (int)gridDim.x : mc_one_blocks(s, m, quant, gridDim.x);
+  if ((int)blockIdx.x >= nb) return;
+  const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round, m); /* no rank masked: mc_gpu_launch.cuh */
   if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
     extern __shared__ uint32_t smem[];
     int begin, end;
     mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
     mc_trace_start(&a, MC_TK_DSEND);
     uint32_t *sent = mc_one_sent(smem, s);
-    mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, gridDim.x > 1, sent);
+    mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, nb > 1, nb, sent);
     if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */
     mc_trace_point(&a, MC_TK_DSEND, 0);
     mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
@@ -286,7 +304,7 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   }
   if (threadIdx.x == 0) { /* the call is counted, refused or not; only an accepted one moves the round */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-    if (atomicAdd(&sc[MC_WS_DONE_DSEND], 1u) == gridDim.x - 1) {
+    if (atomicAdd(&sc[MC_WS_DONE_DSEND], 1u) == (unsigned)nb - 1) {
       sc[MC_WS_DONE_DSEND] = 0;
       *mc_ws_scalar64(&a, MC_WS_SEND_TRIES) += 1;
       if (m_eff >= 0) *mc_ws_round(&a) = round;

@@ -89,17 +89,12 @@ typedef struct mc_launch {
   int early; /* a receiving kernel: launched as a programmatic dependent where g->pdl */
 } mc_launch_t;
 
-/* Blocks of the one-launch dispatch kernel for a call of m tokens. Every
- * block preps every token, so fewer blocks do less of the same work: where
- * this rank has its GPU alone, a warp for each payload piece of the call
- * (MC_QUANT_WARPS where it quantises; block 0 stores none) and at least a
- * quarter of the grid. Ranks sharing a GPU keep their whole share. */
+/* Blocks of the one-launch dispatch kernel for a call of at most m tokens
+ * (mc_one_blocks; those past what a call given fewer through bound_m needs
+ * leave at once). */
 static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant) {
-  if (!g->alone) return g->grid;
-  const int64_t warps = MC_THREADS / 32, per = quant ? MC_QUANT_WARPS : 1;
-  const int64_t need = ((int64_t)m * mc_token_segs(s) * per + warps - 1) / warps + 1;
-  const int64_t b = need > g->grid / 4 ? need : g->grid / 4;
-  return b < 1 ? 1 : b > g->grid ? g->grid : (int)b;
+  const int b = mc_one_blocks(s, m, quant, g->grid);
+  return b < 1 ? 1 : b;
 }
 /* Dispatch-send runs as one kernel where the call's tokens fit one prep
  * chunk, no rank is masked and every peer is mapped. */

@@ -32,6 +32,10 @@
 #define MC_PREP_SMEM (40u << 10) /* cap on the per-warp masks: many experts mean fewer scanning warps */
 enum { MC_PREP_ONE = 0, MC_PREP_CHUNKS = 1 };
 
+/* The call's tokens: bound_m where the caller gives them on the device (a
+ * captured graph replays with any count up to a.m), else a.m. */
+MC_DEV int mc_call_m(const mc_kargs_t &a) { return a.bound_m ? *a.bound_m : a.m; }
+
 /* Scanning warps per chunk (<= 8), and tokens per chunk (>= MC_PREP_MIN_CHUNK). */
 static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
   const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
@@ -403,9 +407,10 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
  * stores the metas into the peers' windows and signals them. Returns
  * m_eff, or -1 where the round is refused (bad input: nothing sent; the
  * failure is recorded and MC_WS_BAD set) or this block has nothing more
- * to do (chunked, not the last block). round: the round being prepared. */
+ * to do (chunked, not the last block). round: the round being prepared;
+ * m_eff: the call's tokens (mc_call_m), checked here. */
 MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const int K, const int mode,
-                                 const uint64_t round) {
+                                 const uint64_t round, const int m_eff) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), E = s->num_experts, C = E + W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = mc_prep_warps(s);
@@ -422,7 +427,6 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
   if (one)
     for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;
-  const int m_eff = a.bound_m ? *a.bound_m : a.m;
   if (m_eff < 0 || m_eff > a.m) {
     if (tid == 0 && blockIdx.x == 0) {
       mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
@@ -486,10 +490,11 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
  * constant the per-k loops shrink to K: K x K compares instead of 16 x 16).
  * The one-launch kernel has a kernel per top-k instead (mc_gpu_kernels.cuh). */
 MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int masking, const int mode, const uint64_t round) {
+  const int m = mc_call_m(a);
   switch (a.s.topk) {
-  case 8: return mc_dispatch_prep_body(a, masking, 8, mode, round);
-  case 4: return mc_dispatch_prep_body(a, masking, 4, mode, round);
-  default: return mc_dispatch_prep_body(a, masking, a.s.topk, mode, round);
+  case 8: return mc_dispatch_prep_body(a, masking, 8, mode, round, m);
+  case 4: return mc_dispatch_prep_body(a, masking, 4, mode, round, m);
+  default: return mc_dispatch_prep_body(a, masking, a.s.topk, mode, round, m);
   }
 }
 /* chunked: one block per chunk */
