@@ -168,8 +168,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   __syncthreads();
   if (abort_) return;
   mc_trace_end(&a, MC_TK_CRECV);
-  if (tid == 0) {
-    __threadfence();
+  if (tid == 0) { /* last block out; no fence, as in dispatch-recv */
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
     mc_trace_point(&a, MC_TK_CRECV, 2);
     if (done == gridDim.x - 1) {

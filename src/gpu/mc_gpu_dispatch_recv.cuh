@@ -167,12 +167,15 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       }
     }
   }
-  /* last block out: running totals of record pieces move on by this round's counts */
+  /* last block out: running totals of record pieces move on by this
+   * round's counts. No fence before the count: what the last block writes
+   * is read by later kernels only, and each block's reads of the totals
+   * are done (their values used) before it counts; a fence here waited for
+   * the block's copies to land, which the kernel's end does anyway. */
   mc_trace_point(&a, MC_TK_DRECV, 2);
   mc_trace_end(&a, MC_TK_DRECV);
   __syncthreads();
   if (tid == 0) {
-    __threadfence();
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
     mc_trace_point(&a, MC_TK_DRECV, 3);
     if (done == gridDim.x - 1) {
