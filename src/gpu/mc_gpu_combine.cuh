@@ -138,26 +138,32 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   if (tid == 0) abort_ = 0;
   __syncthreads();
   const int segs = mc_row_segs(s); /* the rows signal counts row segments */
+  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
+  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
+  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  /* the route of each warp's first token (written by dispatch) loaded
+   * while the rows are awaited, not after */
+  int nd0 = 0, d00 = 0;
+  if (gw < m_eff * segs) nd0 = n_dests[gw / segs], d00 = dests[(int64_t)(gw / segs) * K];
   for (int src = tid; src < W; src += blockDim.x)
     if (mc_wait_rows(a, src, round)) abort_ = 1;
   __syncthreads();
   if (abort_) return;
   mc_trace_point(&a, MC_TK_CRECV, 0);
-  const uint16_t *dests = (const uint16_t *)(a.ws + mc_ws_dests_off(s));
-  const uint16_t *n_dests = (const uint16_t *)(a.ws + mc_ws_ndests_off(s));
   const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes), row_groups = s->hidden / 8;
-  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   /* one warp per (token, segment): four 8-element groups per lane in flight */
   for (int it = gw; it < m_eff * segs; it += nw) {
     const int t = it / segs, sg = it % segs;
     const uint16_t *d = dests + (int64_t)t * K;
-    const int nd = n_dests[t];
+    const bool first = it == gw;
+    const int nd = first ? nd0 : n_dests[t];
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
     /* one row at a time: two rows' loads in flight spilled here (combine-send can afford it) */
-    for (int j = 0; j < nd; j++) mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, d[j], t), seg, dt);
+    for (int j = 0; j < nd; j++)
+      mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, first && j == 0 ? d00 : d[j], t), seg, dt);
     mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
   mc_trace_point(&a, MC_TK_CRECV, 1);
