@@ -211,6 +211,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   case $t in gpu_p2p_threads|gpu_quant_values|gpu_quant_division|gpu_barrier_after_rejoin|gpu_mask_retry) launch="scripts/mc-launch.sh 1 --" ;; esac
   if env "$@" timeout "${TEST_TIMEOUT:-300}" $launch build-dev/mc_tests "$t" > "$out/test-$tag.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   results+=("$t${1:+ ($*)} $r $(( $(date +%s) - s ))s")
+  echo "${results[-1]}" # as it ends: a run cut short by a time limit still says what passed
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
 tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_bench_floor gpu_deepseek_shape gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
@@ -225,7 +226,7 @@ run_test gpu_ep_sizes MC_TEST_SYS_SCOPE=1
 for t in $tests; do case $t in gpu_nvshmem_attach|gpu_p2p_other_host|gpu_auto_transport|gpu_p2p_threads|gpu_barrier_after_rejoin|gpu_mask_retry|gpu_quant_values|gpu_quant_division) ;; *) run_test "$t" MC_TEST_TRANSPORT=p2p ;; esac; done
 
 if [ "$mode" = tests ]; then
-  printf '%s\n' "${results[@]}" | tee -a "$out/summary.txt"
+  printf '%s\n' "${results[@]}" >> "$out/summary.txt"
   exit 0
 fi
 if [ "$mode" = full ] && command -v compute-sanitizer >/dev/null; then
