@@ -1,0 +1,52 @@
+#!/bin/sh
+# Fails (exit 1) where the user-facing docs break the repository's rules:
+# README.md over 150 lines, docs/performance.md over 250, more than 20 files
+# under docs/bench, or a time of day ("04:59 UTC") or a commit hash in
+# README.md, docs/*.md or python/README.md. One line per breach, naming the
+# file and line. Usage: check_docs.sh SOURCE_DIR [DOC...]; each DOC (a path
+# under SOURCE_DIR) is left out of the time and hash checks, and named.
+src="${1:?usage: check_docs.sh SOURCE_DIR [DOC...]}"
+shift
+cd "$src" || exit 1
+fail=0
+
+# at_most FILE N: FILE has at most N lines
+at_most() {
+  n=$(wc -l < "$1") || { fail=1; return; }
+  if [ "$n" -gt "$2" ]; then
+    echo "$1:$n: $n lines, more than $2"
+    fail=1
+  fi
+}
+at_most README.md 150
+at_most docs/performance.md 250
+
+if [ -d docs/bench ]; then
+  n=$(find docs/bench -type f | wc -l)
+  if [ "$n" -gt 20 ]; then
+    echo "docs/bench: $n files, more than 20"
+    fail=1
+  fi
+fi
+
+docs=
+for f in README.md python/README.md docs/*.md; do
+  skip=0
+  for s in "$@"; do [ "$f" = "$s" ] && skip=1; done
+  if [ "$skip" -eq 1 ]; then echo "note: $f left out of the time and hash checks"; else docs="$docs $f"; fi
+done
+
+[ -n "$docs" ] || { echo "no docs left to check"; exit 1; }
+
+# a time of day: H:MM or HH:MM, an optional space, UTC
+hits=$(grep -nHoE '(^|[^0-9])[0-9]{1,2}:[0-9]{2} ?UTC' $docs | sed 's/^\([^:]*:[0-9]*\):[^0-9]*\(.*\)$/\1: a time of day (\2)/')
+[ -n "$hits" ] && { echo "$hits"; fail=1; }
+
+# a commit hash: a whole word of 7 to 40 lowercase hex digits holding at
+# least one digit and one letter ("facade", "added" and numbers pass)
+hits=$(grep -nHowE '[0-9a-f]{7,40}' $docs | grep -E ':[0-9a-f]*[0-9][0-9a-f]*$' |
+  grep -E ':[0-9a-f]*[a-f][0-9a-f]*$' | sed 's/^\([^:]*:[0-9]*\):\(.*\)$/\1: a commit hash (\2)/')
+[ -n "$hits" ] && { echo "$hits"; fail=1; }
+
+[ "$fail" -eq 0 ] && echo "ok: README.md, docs/performance.md and docs/bench within their limits; no time of day or commit hash"
+exit "$fail"
