@@ -8,8 +8,8 @@
  *   (256 at the DeepSeek-V3 shape) every block of the dispatch kernel preps
  *   all of them in its own shared memory, then sends its share. No block
  *   waits for another and nothing is read back from global memory: a
- *   handoff from one prepping block to the others cost 1.5-3 us at EP2
- *   (the flag, fences, then the tables reloaded: docs/performance.md).
+ *   handoff from one prepping block to the others costs more (a flag,
+ *   fences, then the tables reloaded) than the prep done in every block.
  *   Block 0 also publishes what later kernels and the peers need.
  * - chunked (MC_PREP_CHUNKS): a prep kernel of one block per chunk; the
  *   last block to finish scans the chunks' counts into each chunk's bases
@@ -17,9 +17,8 @@
  *   to the workspace and the headers to staging, for the send kernel.
  *
  * The scan: lane t of a scanning warp owns token t; it ORs its bit into its
- * warp's mask of each of its experts and ranks (shared-memory atomics: the
- * same with __match_any_sync grouping the lanes of a column first made the
- * prep twice as slow, 5.9 -> 11.7 us at one token, docs/performance.md);
+ * warp's mask of each of its experts and ranks (shared-memory atomics:
+ * grouping a column's lanes by __match_any_sync first is slower);
  * its place among the warp's tokens is a popcount of the lower lanes, and
  * one thread per column turns the warps' counts into bases. */
 #ifndef MC_GPU_PREP_CUH
@@ -473,10 +472,9 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
     return -1;
   }
   /* one launch: dispatch-recv may start once every block has prepped, not
-   * before (started with this kernel, its blocks waited through the prep,
-   * and some rounds took 100-600 us more: p99 at 128 tokens, EP2), block 0
-   * included, before it publishes (the receiver's launch takes a few us:
-   * 0.8-0.9 us less dispatch at every size, docs/performance.md). A block
+   * before (started with this kernel, its blocks wait through the prep and
+   * some rounds take far longer), block 0 included, before it publishes
+   * (so the receiver's launch overlaps the publishing). A block
    * that returned above, refused, lets it start by exiting. */
   if (one) mc_pdl_launch_dependents();
   if (!one || blockIdx.x == 0)
