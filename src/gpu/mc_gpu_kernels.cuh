@@ -132,8 +132,7 @@ MC_DEV void mc_signal_set(const mc_kargs_t &a, int p, int slot, uint64_t v) {
  * the receivers wait for a source's whole total before reading any of it.
  * The release orders the other warps' stores too: they happen before it
  * through bar.sync, and release is cumulative. (A fence.sc before the
- * release orders nothing more and costs its own wait: with one, most of
- * the dispatch kernel's sampled stalls were in it, docs/performance.md.) */
+ * release would order nothing more and cost a wait of its own.) */
 MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slot) {
   __syncthreads();
   for (int p = threadIdx.x; p < a.s.world_size; p += blockDim.x)
@@ -313,12 +312,10 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   }
 }
 /* One kernel per common top-k, and one for any other: with K a constant
- * the prep's per-k loops (unrolled to MC_MAX_TOPK) shrink to K (top-6 on
- * its own kernel instead of the generic 16 x 16 loops: 44.1 -> 29.5 us of
- * dispatch at 128 tokens of 64 experts, EP2). Kernels, not inlined copies
- * behind a switch in one kernel: copies for top-6 and top-2 inside the one
- * kernel made the top-8 shape 6 us slower (the kernel's code grew), while
- * a kernel of its own costs the others nothing. The launch plan picks one
+ * the prep's per-k loops (unrolled to MC_MAX_TOPK) shrink to K instead of
+ * the generic 16 x 16. Kernels, not inlined copies behind a switch in one
+ * kernel: copies grow every shape's code, fetched at every launch, while a
+ * kernel of its own costs the others nothing. The launch plan picks one
  * at create (mc_gpu_launch.cuh). */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k8(mc_kargs_t a) {
   mc_dispatch_send_one_body(a, 8, 0);
