@@ -23,11 +23,9 @@ int mc_gpu_present(void) {
  * room beside this rank's receivers spinning on their signals. Under MPS
  * (CUDA 13, H200) the SM count the device reports is already the client's
  * share (16 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12.5), but not a
- * private set: every client's blocks ran on the same 16 SMs, so room beside
- * the spinning receivers is room on the same SMs. Measured at EP8 on one
- * H200, 128 tokens: 12 blocks at 16 SMs 112 / 153 us against 118 / 167
- * with 10; a full wave at 14 SMs had a dispatch p99 over 1 ms
- * (docs/performance.md). */
+ * private set: every client's blocks run on the same 16 SMs, so room beside
+ * the spinning receivers is room on the same SMs. A full wave there leaves
+ * the other ranks' senders waiting for SMs and stretches the tail. */
 static int grid_size(int sms, int shared) {
   const int g = shared ? (7 * sms + 9) / 10 : sms;
   return g < 1 ? 1 : g;
@@ -267,16 +265,14 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->gpu_scope = g->gpu_scope;
   /* a warp per payload piece where this rank has its GPU alone (latency:
    * more warps in flight); where ranks share it, a warp per record (the
-   * pieces' extra header reads cost 6 us at EP8 on one H200, 128 tokens:
-   * docs/performance.md) */
+   * pieces' extra header reads cost more than the extra warps bring) */
   ka->recv_pieces = g->alone ? 1 : mc_token_segs(&a2a->shape);
   ka->quant = a2a->cfg.dispatch_input != MC_INPUT_BF16_TO_E4M3 ? 0 : a2a->cfg.scale_format == MC_SCALE_UE8M0 ? 2 : 1;
   ka->mask = a2a->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
   ka->trace = g->trace;
   /* naps between polls up to 128 ns where this rank has its GPU alone (a
-   * signal is seen sooner: combine 0.2-0.4 us faster), 512 where ranks share
-   * it (at 128 there, EP8 on one H200, dispatch took 121-160 us against 86:
-   * the pollers slowed the other ranks' senders; docs/performance.md) */
+   * signal is seen sooner), 512 where ranks share it (there, hundreds of
+   * pollers with short naps slow the other ranks' senders) */
   ka->nap_max = g->alone ? 128 : 512;
   if (d) {
     ka->tokens = d->tokens;
