@@ -103,7 +103,7 @@ typedef struct mc_shape {
   uint64_t token_bytes, scale_bytes, in_elem_bytes;
   /* derived once by mc_shape_make: the divisions by runtime values that
    * every layout offset below needs (a GPU kernel would inline each
-   * division at every use: 10-25% of a kernel's instructions) */
+   * division at every use: a large share of a kernel's instructions) */
   int num_local_experts, num_groups, src_cap, spare_;
 } mc_shape_t;
 

@@ -43,11 +43,10 @@ MC_HD size_t mc_quant_scale_bytes(int hidden, int ue8m0) {
 
 /* float -> e4m3, round to nearest even, saturating. On sm_89 and later
  * devices the hardware conversion (cvt.rn.satfinite) does it in one
- * instruction where the bit arithmetic below takes dozens, which made a
- * quantising dispatch-send 2.6x slower (43.7 against 17.0 us, 128 tokens,
- * one H200). It must give the same bits (test gpu_quant_values: every bf16
- * value, every tie and a million random floats); a NaN is made 0x7F here
- * whatever the hardware makes of it. */
+ * instruction where the bit arithmetic below takes dozens, which would
+ * make a quantising dispatch-send far slower. It must give the same bits
+ * (test gpu_quant_values: every bf16 value, every tie and a million random
+ * floats); a NaN is made 0x7F here whatever the hardware makes of it. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 MC_HD uint8_t mc_f32_to_e4m3(float x) {
   unsigned short r;
@@ -158,8 +157,8 @@ MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, 
 /* The scalar ways for a part, out of line on a device: one copy in a
  * kernel's code, not one for each part a thread makes, as they are rare
  * there (a part holding Inf or NaN, a block of fp32 scale below 2^-100);
- * inlined, they made the kernel 0.4-1 us slower (more waits for
- * instruction fetch). */
+ * inlined, they would grow the kernel's code and its waits for
+ * instruction fetch. */
 #ifdef __CUDA_ARCH__
 #define MC_QUANT_COLD static __host__ __device__ __noinline__
 #else
@@ -194,12 +193,9 @@ MC_QUANT_COLD mc_qbytes_t mc_quant_values16_scalar(mc_qpart_t p, float amax, int
  * takes the scalar way), and the conversion of two floats to two e4m3
  * bytes in one instruction, whose NaN (0xFF for a negative one) is made
  * 0x7F on four bytes at once (no finite value gives 0xFF or 0x7F: they
- * saturate to +-448). With the scalar ways out of line and a part passed
- * to them by value, this took the quantising dispatch-send kernel from
- * about 15.9 to 12.9 us with UE8M0 scales and from 17.1 to 13.8 with fp32
- * ones (one H200, 128 tokens; docs/performance.md). Tests
- * gpu_quant_division (every bf16 amax and every value a block with it can
- * hold, both formats) and gpu_quant_dispatch. */
+ * saturate to +-448); the scalar ways are out of line and take a part by
+ * value. Tests gpu_quant_division (every bf16 amax and every value a block
+ * with it can hold, both formats) and gpu_quant_dispatch. */
 MC_HD uint32_t mc_quant_amax16(const uint32_t w[8]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t m = w[0] & 0x7fff7fffu;

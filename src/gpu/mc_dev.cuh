@@ -141,9 +141,8 @@ MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int pe
 MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int32_t *)&e->claimed != 0; }
 
 /* Wait until *sig >= target, for at most a->timeout_ns. Returns 0 when it
- * arrived, 1 when this or another thread failed (the caller exits). (A
- * relaxed poll with one fence.acq_rel after it measured 2 us slower per
- * combine-recv at EP2: docs/performance.md.) */
+ * arrived, 1 when this or another thread failed (the caller exits). Each
+ * poll acquires: a relaxed poll with one fence.acq_rel after it is slower. */
 MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
                           int slot, uint64_t round) {
   uint64_t v = mc_sig_load(a, sig);

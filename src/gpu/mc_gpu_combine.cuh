@@ -209,8 +209,7 @@ MC_DEV void mc_combine_recv_masked(const mc_kargs_t &a, const int dt, const int 
  * combine-send only at its end: everything it reads before was written by
  * dispatch, long finished, or arrives signalled (its own rows too), so it
  * sums rows while the sender still runs; the wait keeps later work on the
- * stream after both. 16.3-16.5 against 17.5-17.6 us at 1 token, 23.2-23.3
- * against 24.7-25.1 at 128 (EP2, two H200s, whole: docs/performance.md). */
+ * stream after both. */
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
   if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_plain, a);
   mc_pdl_wait();

@@ -72,7 +72,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     if (abort_) return;
   }
   mc_trace_point(&a, MC_TK_DRECV, 0);
-  /* every meta word at once (a dependent load per source and expert was a
+  /* every meta word at once (a dependent load per source and expert is a
    * memory latency each), then the scans over sources in shared memory */
   for (int i = tid; i < W * (L + 1); i += blockDim.x) {
     const int src = i / (L + 1), w = i % (L + 1);
@@ -170,8 +170,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   /* last block out: running totals of record pieces move on by this
    * round's counts. No fence before the count: what the last block writes
    * is read by later kernels only, and each block's reads of the totals
-   * are done (their values used) before it counts; a fence here waited for
-   * the block's copies to land, which the kernel's end does anyway. */
+   * are done (their values used) before it counts; a fence here would wait
+   * for the block's copies to land, which the kernel's end does anyway. */
   mc_trace_point(&a, MC_TK_DRECV, 2);
   mc_trace_end(&a, MC_TK_DRECV);
   __syncthreads();

@@ -22,8 +22,7 @@ static_assert(MC_SEG_BYTES / 16 == MC_QUANT_WARPS * 32, "a piece's parts: a lane
  * and holds no block. A warp makes one part each, not the piece's four: a
  * warp runs this code once a piece, so its time goes in fetching
  * instructions and in the chain of each part's steps, and four warps a
- * piece run the four chains at once (the top-8 send kernel, one H200:
- * docs/performance.md). */
+ * piece run the four chains at once. */
 MC_DEV void mc_quant_part(const mc_kargs_t &a, int t, int j, uint32_t bytes, int qq, int lane, int4 *v, uint32_t *sc) {
   const uint16_t *row = (const uint16_t *)a.tokens + (uint64_t)t * a.s.hidden + (uint64_t)j * MC_SEG_BYTES;
   const uint32_t part = lane + 32u * qq;
