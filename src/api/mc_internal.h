@@ -62,7 +62,7 @@ struct mc_a2a {
   uint8_t *masked;   /* [world_size]: 1 where the rank is left out (mc_a2a_mask_ranks) */
   int any_masked;    /* some rank is */
   uint64_t *mask_calls; /* [world_size]: the last attempt at a mask this rank and rank r numbered
-                           together (the cpu transport's; src/cpu/mc_cpu_mask.c) */
+                           together (the cpu transport's; docs/protocol.md) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];

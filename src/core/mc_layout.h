@@ -76,7 +76,7 @@ static inline const char *mc_sig_name(int slot) {
  * call made under the pair's attempt n: the peer is on n at step k or
  * later, or, in step 2, on n + 1 and not given up (step 0): it saw this
  * step, left the call and made its next one. The rules and why:
- * src/cpu/mc_cpu_mask.c; both transports decide by this. */
+ * docs/protocol.md; both transports decide by this. */
 MC_HD int mc_resync_done(uint64_t v, uint64_t n, int k) {
   return (v / 4 == n && v % 4 >= (uint64_t)k) || (k == 2 && v / 4 == n + 1 && v % 4 != 0);
 }

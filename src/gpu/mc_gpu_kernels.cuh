@@ -16,8 +16,8 @@
  * once per block, add what they stored to its signal with a release RMW (no
  * staging copy); elsewhere they stage and put (never on p2p, where every
  * peer is mapped). Waits use mc_dev_wait_ge on this rank's own window. The
- * protocol is the cpu transport's, step for step (src/cpu/mc_cpu_dispatch.c and
- * src/cpu/mc_cpu_combine.c say it in prose); the layout is src/core/mc_layout.h.
+ * protocol is the cpu transport's, step for step (docs/protocol.md says it
+ * in prose); the layout is src/core/mc_layout.h.
  * The copies are cut in pieces of MC_SEG_BYTES, a warp each, so that a
  * batch of 128 tokens keeps hundreds of warps busy instead of 128: a record
  * is a header piece and mc_token_segs payload pieces, a combine row
@@ -25,32 +25,21 @@
  *
  * Launches (mc_gpu_launch.cuh): where a call's tokens fit one prep chunk,
  * dispatch-send is one kernel (prep in every block, then the pieces), a
- * kernel per common top-k. Each half is its own kernel: a phase as one
- * kernel (send part, then recv part in the same blocks) was measured and
- * lost, its waiting blocks slowing its sending ones in some rounds
- * (docs/performance.md). Where a rank has its GPU alone, a receiving
- * kernel is launched as a programmatic dependent of the sending one
- * before it (mc_pdl_*, mc_dev.cuh): same order, less gap.
+ * kernel per common top-k. Each half is its own kernel: in one kernel per
+ * phase, blocks waiting in the recv part slow the sending ones in some
+ * rounds. Where a rank has its GPU alone, a receiving kernel is launched as
+ * a programmatic dependent of the sending one before it (mc_pdl_*,
+ * mc_dev.cuh): same order, less gap.
  *
- * Why round i+1 cannot overwrite what a peer still reads from round i
- * (the same argument as on the cpu, now across kernels):
- * - disp_recv/disp_meta at rank d are written by s's dispatch-send(i+1),
- *   launched after s's combine-recv(i) kernel, which waited for every rank's
- *   COMB_BAR(i), which d set at the start of its combine-send(i), a kernel
- *   launched after d's dispatch-recv(i) finished reading them.
- * - comb_recv at rank r is written by d's combine-send(i+1), after d's
- *   dispatch-recv(i+1) waited for r's meta(i+1), which r's dispatch-send(i+1)
- *   sends after r's combine-recv(i) finished reading comb_recv.
- * - staging (disp_send, meta_send, comb_send) is the source of non-blocking
- *   puts: round i's puts have landed (their receivers saw the signals that
- *   follow them) before anyone sends the metas or barrier signals round i+1
- *   waits for, so rewriting staging in round i+1 is safe.
- * - Running totals (records, rows) and round-tagged SETs (meta, barrier):
- *   no signal is ever reset, so no reset can race with a peer's update.
- *   The round number itself lives in device memory (mc_ws_round_off),
- *   bumped by dispatch-send (the last of its blocks to finish, once every
- *   block has read the old value), so a captured CUDA graph replays
- *   correctly.
+ * Round i+1 cannot overwrite what a peer still reads from round i: a rank
+ * sends records of round i+1 only after its combine-recv(i) saw every
+ * rank's COMB_BAR(i), set once that rank's dispatch-recv(i) had read them,
+ * and rows of round i+1 reach r only after r's meta(i+1), sent once r's
+ * combine-recv(i) had read its rows. Signals are running totals or carry
+ * the round, so none is reset. The round number lives in device memory
+ * (mc_ws_round_off), so a captured CUDA graph replays correctly. The whole
+ * argument, staging and stream order included: docs/protocol.md, "Why
+ * buffers can be reused without a reset".
  *
  * Determinism: record positions come from a scan in token order, slots
  * from (source rank, position); sums use __fadd_rn/__fmul_rn (no fma
@@ -351,9 +340,10 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 static __global__ void mc_k_floor_send(mc_kargs_t) { mc_pdl_launch_dependents(); }
 static __global__ void mc_k_floor_recv(mc_kargs_t) { mc_pdl_wait(); }
 
-/* ---- mc_a2a_mask_ranks: the two steps of the cpu transport's
- * (src/cpu/mc_cpu_mask.c) in one block, after every kernel of the broken
- * round has ended; the new mask is in the workspace already. ---- */
+/* ---- mc_a2a_mask_ranks: the cpu transport's two steps in one block,
+ * after every kernel of the broken round has ended; the new mask is in the
+ * workspace already. The rules: docs/protocol.md, "Going on without a
+ * rank". ---- */
 /* What peer p holds (its last round, barrier count and running totals),
  * once it has made step 1 of the pair's attempt. */
 MC_DEV void mc_mask_take_in(const mc_kargs_t *a, int p, unsigned long long *round, unsigned int *barriers) {
@@ -368,8 +358,7 @@ MC_DEV void mc_mask_take_in(const mc_kargs_t *a, int p, unsigned long long *roun
 /* Waits for peer p's step k of the pair's attempt, following the peer to a
  * later attempt where it called again; in step 2 what a peer that called
  * again holds is taken in again, once its step 2 has come (the acquire
- * that makes it visible). The rules and why: src/cpu/mc_cpu_mask.c.
- * 1 on a timeout. */
+ * that makes it visible). 1 on a timeout. */
 MC_DEV int mc_mask_wait(const mc_kargs_t *a, uint64_t *calls, int p, int k, unsigned long long *round,
                         unsigned int *barriers) {
   const uint64_t *sig = mc_sig_local(a, MC_SIG_RESYNC, p);
@@ -437,7 +426,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
   for (int p = tid; p < W; p += blockDim.x)
     if (!mc_masked(1, &a, p)) {
       /* the pair's attempt: after this rank's last, or the peer's if later
-       * (src/cpu/mc_cpu_mask.c says why) */
+       * (docs/protocol.md says why) */
       const uint64_t peers = mc_sig_load(&a, mc_sig_local(&a, MC_SIG_RESYNC, p)) / 4;
       calls[p] = max(calls[p] + 1, peers);
       /* this rank's barrier count, again: a barrier that timed out counted
