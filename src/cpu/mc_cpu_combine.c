@@ -13,15 +13,11 @@
  * rows in ascending rank order in fp32, round once to the output dtype;
  * then wait for every rank's barrier signal of this round.
  *
- * Why round i+1 cannot overwrite what a peer still reads from round i:
- * a rank puts rows of round i+1 into our comb_recv only in its
- * combine-send(i+1), after its dispatch-recv(i+1), which waited for our
- * dispatch meta of round i+1, which we send only after our combine-recv(i)
- * finished reading comb_recv. Our comb_send staging of round i is read by
- * the puts of round i, which have all landed once every receiver's
- * combine-recv(i) saw them, before anyone sends the metas round i+1 needs.
- * Row counters are running totals, barrier signals carry the round number:
- * nothing is ever reset. */
+ * Round i+1 cannot overwrite what a peer still reads from round i: a rank
+ * puts rows of round i+1 into our comb_recv only after it got our meta of
+ * round i+1, which we send once our combine-recv(i) has read comb_recv.
+ * Nothing is reset: row counters are running totals, barrier signals carry
+ * the round. In full: docs/protocol.md. */
 #include <string.h>
 
 #include "mc_cpu.h"

@@ -15,14 +15,11 @@
  * payloads and scales to their slots, and note each record's route for
  * combine.
  *
- * Why round i+1 cannot overwrite what a peer still reads from round i:
- * a rank starts dispatch-send(i+1) only after its combine-recv(i) returned,
- * and combine-recv(i) waits until every rank has entered combine-send(i),
- * which every rank does only after its dispatch-recv(i) consumed all records
- * and metas of round i. So the disp_recv and disp_meta regions, and the
- * sender's disp_send/meta_send staging, are free when round i+1 writes them.
- * Record counters are never reset (running totals), and the meta signal
- * carries the round number, so no reset can race with a write either. */
+ * Round i+1 cannot overwrite what a peer still reads from round i: a rank
+ * sends again only after its combine-recv(i) saw every rank enter
+ * combine-send(i), which each does once its dispatch-recv(i) has read its
+ * records and metas. Nothing is reset: counters are running totals, the
+ * meta signal carries the round. In full: docs/protocol.md. */
 #include <string.h>
 
 #include "mc_cpu.h"
