@@ -143,7 +143,7 @@ MC_HD uint32_t mc_quant_values(const uint16_t *x, int n, float amax, int ue8m0, 
    * and keeps r finite. Test quant_division checks the e4m3 bytes against
    * the division's for every bf16 amax and every bf16 value a block with it
    * can hold. On a GPU a division is a dozen instructions and a branch;
-   * sixteen of them a thread made the fp32 quantising dispatch slow. */
+   * sixteen of them a thread would make the fp32 quantising dispatch slow. */
   const float k = s < 0x1p-100f ? 0x1p64f : 1.0f, sk = s * k, r = 1.0f / sk;
   MC_QUANT_UNROLL
   for (int i = 0; i < n; i++) {

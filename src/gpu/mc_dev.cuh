@@ -95,7 +95,7 @@ MC_DEV uint64_t mc_globaltimer_ns(void) {
  * slot 0 the first block's start and 1 the last block's (how long blocks
  * waited for SMs), 2..6 checkpoints (the last block to pass each), 7 the
  * last block's end (after a block barrier: a stamp per warp, thousands of
- * atomics on one word, took microseconds of its own). globaltimer is one
+ * atomics on one word, would take microseconds of its own). globaltimer is one
  * clock for every process on a GPU, so ranks sharing a GPU line up. Off
  * (a->trace NULL) it costs one branch. */
 MC_DEV void mc_trace_start(const mc_kargs_t *a, int k) {

@@ -17,8 +17,8 @@ static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
  * lazily at its first launch (the default since CUDA 12.2), and loading may
  * wait for every kernel of the context to finish: with ranks that are
  * threads of one process, a first launch in one thread then waits for a
- * peer thread's receiver, which spins until this thread's kernel runs (EP8
- * as 8 threads on one H200 hung so until the timeout). Reading a kernel's
+ * peer thread's receiver, which spins until this thread's kernel runs, and
+ * both hang until the timeout. Reading a kernel's
  * attributes loads it. Then raise the shared-memory limits where the shape
  * needs more than the default 48 KB, and decide whether dispatch-send may
  * run as one kernel. */

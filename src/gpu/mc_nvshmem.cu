@@ -209,8 +209,8 @@ extern "C" mc_result_t mc_nvshmem_dense_alltoall(mc_comm_t *comm, size_t bytes_p
   }
   cudaStreamSynchronize(st);
   /* When MPS shares on the GPU add up past 100% (8 ranks at 13%) NVSHMEM
-   * runs in "limited MPG" mode: it printed "not supported" for this call,
-   * returned success, and the events saw no time pass. So a baseline counts
+   * runs in "limited MPG" mode: it prints "not supported" for this call,
+   * returns success, and the events see no time pass. So a baseline counts
    * only with a time for every iteration and every peer's block arrived. */
   for (int i = 0; rc == MC_SUCCESS && i < iters; i++)
     if (!(times_us[i] > 0.0f))
