@@ -25,7 +25,7 @@ if [ "$mode" = pplx ]; then
   # PPLX_REPS times (default 2): EP2 with one rank per GPU where there are two
   # GPUs, EP8 on one GPU under MPS (PPLX_EPS picks, default both / 8); the
   # DeepSeek-V3 layer at 1 and 128 tokens and 64 experts top-6 hidden 2048
-  # at 128, moecomm timed whole and in halves; scripts/vs_pplx.py's table,
+  # at 128, moecomm timed whole and in halves; mc_report.py vs-pplx's table,
   # then moecomm alone at 4096 tokens beside NVSHMEM's dense all-to-all
   pp=${PPLX_DIR:-.baselines}
   [ -x "$pp/pplx_bench" ] || { echo "no $pp/pplx_bench: put pplx-kernels' benchmark and run-pplx.sh there"; exit 1; }
@@ -48,7 +48,7 @@ if [ "$mode" = pplx ]; then
       done
     done
   done
-  python3 scripts/vs_pplx.py "$out" | tee "$out/vs-pplx.txt"
+  python3 scripts/mc_report.py vs-pplx "$out" | tee "$out/vs-pplx.txt"
   # and 4096 tokens, whole: p2p, then nvshmem with NVSHMEM's dense
   # all-to-all of the same padded payload beside it (what the link gives)
   for ep in $eps; do
@@ -60,7 +60,7 @@ if [ "$mode" = pplx ]; then
         echo "mc-bench EP$ep 4096 tokens $tp: exit $?" | tee -a "$out/summary.txt"
     done
   done
-  python3 scripts/bench_table.py "$out" big- "4096 tokens, whole (dense: NVSHMEM's all-to-all of the padded payload)" |
+  python3 scripts/mc_report.py table "$out" big- "4096 tokens, whole (dense: NVSHMEM's all-to-all of the padded payload)" |
     tee "$out/big.txt"
   exit 0
 fi
@@ -84,7 +84,7 @@ if [ "$mode" = ledger ]; then
   for t in 1 128; do
     a="$one"; [ "$t" = 128 ] && a="-t 128"
     MC_TEST_SYS_SCOPE=1 MC_GPU_TRACE="$out/trace-t$t" timeout 60 scripts/mc-launch.sh 1 -- $B $a --whole --graph -r 100 -w 10 > /dev/null 2>&1
-    echo "== timeline $a --whole --graph"; python3 scripts/trace_summary.py "$out/trace-t$t" | grep -v " 0.0 *0.0 *$"
+    echo "== timeline $a --whole --graph"; python3 scripts/mc_report.py trace "$out/trace-t$t" | grep -v " 0.0 *0.0 *$"
   done
   echo "== mc-probe"; timeout 120 build-dev/mc-probe
   (cd "$out" && tar czf traces.tgz --remove-files trace-* 2>/dev/null || true)
@@ -179,7 +179,7 @@ if [ "$mode" = torch ]; then
   exit 0
 fi
 if [ "$mode" = trace ]; then
-  # the kernels' timeline (MC_GPU_TRACE stamps, scripts/trace_summary.py):
+  # the kernels' timeline (MC_GPU_TRACE stamps, scripts/mc_report.py trace):
   # where each rank's time goes, EP8 under MPS against one rank alone
   # TRACE_RANKS=N (N > 1): EP N, one rank per GPU on a machine of N GPUs,
   # at 1, 128 and 4096 tokens; TRACE_TRANSPORT picks the transport
@@ -189,7 +189,7 @@ if [ "$mode" = trace ]; then
     env MC_GPU_TRACE="$out/trace-$name" "$@" timeout 120 scripts/mc-launch.sh "$n" -- $B -n "$n" ${TARGS:-} \
       > "$out/trace-$name.txt" 2>&1
     echo "== $name: $(grep -E '^ *(dispatch|combine) ' "$out/trace-$name.txt" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
-    python3 scripts/trace_summary.py "$out/trace-$name" ${TRACE_RANKS:+--own-clock} | tee "$out/trace-$name.sum"
+    python3 scripts/mc_report.py trace "$out/trace-$name" ${TRACE_RANKS:+--own-clock} | tee "$out/trace-$name.sum"
   }
   if [ -n "${TRACE_RANKS:-}" ]; then
     for t in 1 128 4096; do TARGS="-t $t" tr "ep$TRACE_RANKS-t$t" "$TRACE_RANKS"; done
@@ -263,7 +263,7 @@ if [ "$mode" = full ]; then
   # and the kernels' timeline at 128 tokens (globaltimer stamps)
   MC_GPU_TRACE="$out/trace-t128" timeout 120 $L build-dev/mc-bench --transport nvshmem --no-dense --check-first 1 \
     -r 100 -w 10 -t 128 > /dev/null 2>&1
-  python3 scripts/trace_summary.py "$out/trace-t128" > "$out/timeline-t128.txt"
+  python3 scripts/mc_report.py trace "$out/trace-t128" > "$out/timeline-t128.txt"
   (cd "$out" && tar czf traces.tgz --remove-files trace-t128.* 2>/dev/null || true)
 fi
 
