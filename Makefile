@@ -38,15 +38,15 @@ test-tsan:
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j$(JOBS)
 
 test-valgrind: build
-	./scripts/valgrind.sh $(BUILD)
+	./tests/valgrind.sh $(BUILD)
 
 # The package's wheel (its own CMake build tree, build/pywheel), installed
 # into build/pyenv and tested there; needs no other build.
 test-python:
-	./scripts/test_python.sh
+	./tests/test_python.sh
 
 test-install: build
-	./scripts/check_install.sh $(BUILD)
+	./tests/check_install.sh $(BUILD)
 
 # The GPU build without NVSHMEM (p2p only, where nvcc exists): it must build,
 # pass the suite, and not link NVSHMEM (a single-node user installs only CUDA).

@@ -1,6 +1,6 @@
 """Shared fixtures: the helpers' import path, a printed seed per test.
 
-The package itself is imported as installed (scripts/test_python.sh builds a
+The package itself is imported as installed (tests/test_python.sh builds a
 wheel and installs it into a venv); to test the checkout instead, put python/
 on PYTHONPATH yourself."""
 import os

@@ -1,7 +1,7 @@
 """The package under test and its library: where they come from, and the
 order in which the loader looks.
 
-scripts/test_python.sh installs the wheel into a venv and sets
+tests/test_python.sh installs the wheel into a venv and sets
 MOECOMM_TEST_PREFIX to that venv: there the package must be the venv's and
 the library the one inside it, so that a wheel without its library, or a run
 that picked up python/ of the checkout, fails here."""
