@@ -1,21 +1,210 @@
 #!/usr/bin/env bash
-# gpu-run.sh [quick|full|tests|pplx|probe|trace|ledger|torch|p2p|sanitize|auto] - everything the GPU machine is for, in one run:
-# build, the GPU tests (ranks under MPS through mc-launch.sh), compute-sanitizer
-# on a small EP2 case, the benchmark with its dense baseline. Logs and JSON go
-# to $OUT (or ./gpu-out); a short table is printed last.
+# gpu-run.sh [MODE [ARG...]] - everything the GPU machine is for, a MODE a run.
+#   quick|full|tests|pplx|probe|trace|ledger|torch|p2p|sanitize|auto (default
+#       full): build, the GPU tests (ranks under MPS through mc-launch.sh),
+#       compute-sanitizer on a small EP2 case, the benchmark with its dense
+#       baseline; each mode below says what it runs. Logs and JSON go to $OUT
+#       (or ./gpu-out); a short table is printed last.
+#   ab TREE...   other copies of the source timed against this one (below);
+#       builds its own trees, not build-dev/.
+#   multi        the several-GPU run (below).
 set -uo pipefail
 mode=${1:-full}
+build_dev() { # LOG N: build-dev/, every target; where that fails, LOG's last N lines and exit 1
+  { cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build build-dev -j"$(nproc)"; } > "$1" 2>&1 && return 0
+  tail -"$2" "$1"; echo "BUILD FAILED"; exit 1
+}
+if [ "$mode" = ab ]; then
+  # gpu-run.sh ab TREE... - the same benchmark points for other copies of the
+  # source and this one, interleaved, so a change is measured against its
+  # baseline on the same machine and in the same minutes (runs on different
+  # machines, or minutes apart, differ by a few us). Each TREE is a plain copy
+  # of a source tree, best under a folder git ignores, e.g.
+  #   mkdir -p build-trees/old && git archive REV | tar -x -C build-trees/old
+  # labelled by its folder's name; this tree is "new". Builds each (mc-bench,
+  # p2p only) in parallel, then runs every point for every tree in turn,
+  # AB_REPS times (default 3). AB_RANKS: ranks (default 2: one per GPU on a
+  # machine of two; more share GPUs under MPS; 1: a rank alone on its GPU).
+  # AB_ENV: environment for every run (e.g. MC_TEST_SYS_SCOPE=1, the signals
+  # of ranks on different GPUs, for a rank alone). AB_POINTS: what to time
+  # (default "g1 e1 g128 e128"); each point is timed whole (MC_SEND_RECV)
+  # unless it says halves, with the launch floor beside it (mc-bench --floor):
+  #   g1, e1     1 token of a handle of max_tokens 128, through bound_m, as a
+  #              CUDA graph replay (g) or eagerly (e)
+  #   g1m256     the same with max_tokens 256
+  #   g128, e128 128 tokens (max_tokens 128), graph or eager
+  #   h1, h128   the same as e1, e128 with the halves timed apart
+  #   sg128, se128  64 experts, top-6, hidden 2048, 128 tokens, graph or eager
+  #   t4096      4096 tokens, eager, 50 rounds
+  #   q128, u128 128 tokens quantised in dispatch (fp32 or UE8M0 scales), eager;
+  #   qa128, ua128 the same quantised apart first (mc-bench --quantise-apart)
+  # The JSON of every run goes to $OUT (default ./gpu-ab-out); a table last:
+  # every run, then per point and tree the median of the runs' medians with
+  # their range, the median p99, and the floor of the same runs. A run's
+  # median moves between runs of the same code more than within one: decide
+  # on AB_REPS=3 or more.
+  shift
+  [ $# -ge 1 ] || { echo "usage: $0 ab TREE... (copies of the source to time against this one)"; exit 2; }
+  out=${OUT:-$PWD/gpu-ab-out}
+  mkdir -p "$out"
+  trees=()
+  for t in "$@"; do d=$(cd "$t" && pwd) || exit 2; trees+=("$d"); done
+  cd "$(dirname "$0")/.." || exit 2
+  n=${AB_RANKS:-2}
+  cfg="-DMC_CUDA=ON -DMC_NVSHMEM=OFF -DMC_BUILD_TESTS=OFF -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
+  jobs=$(( $(nproc) / (${#trees[@]} + 1) )); [ "$jobs" -ge 1 ] || jobs=1
+  b() { cmake -S "$1" -B "$2" $cfg > /dev/null && cmake --build "$2" --target mc-bench -j"$jobs" > /dev/null; }
+  b . build-ab > "$out/build-new.log" 2>&1 &
+  for t in "${trees[@]}"; do b "$t" "$t/build-ab" > "$out/build-$(basename "$t").log" 2>&1 & done
+  wait
+  labels=(new) bins=(build-ab/mc-bench)
+  for t in "${trees[@]}"; do labels+=("$(basename "$t")"); bins+=("$t/build-ab/mc-bench"); done
+  for bin in "${bins[@]}"; do [ -x "$bin" ] || { tail -20 "$out"/build-*.log; echo "BUILD FAILED: $bin"; exit 1; }; done
+  run() { # label bench point rep
+    local a b="--whole --floor" one="-t 1 --max-tokens 128 --bound-m"
+    case $3 in
+    g1) a="$one --graph" ;; e1) a="$one" ;; g1m256) a="-t 1 --max-tokens 256 --bound-m --graph" ;;
+    g128) a="-t 128 --graph" ;; e128) a="-t 128" ;;
+    h1) a="$one" b=--floor ;; h128) a="-t 128" b=--floor ;;
+    sg128) a="-t 128 -e 64 -k 6 --hidden 2048 --graph" ;; se128) a="-t 128 -e 64 -k 6 --hidden 2048" ;;
+    t4096) a="-t 4096 -r 50 -w 5" ;;
+    q128) a="-t 128 --quantise fp32" ;; u128) a="-t 128 --quantise ue8m0" ;;
+    qa128) a="-t 128 --quantise fp32 --quantise-apart" ;; ua128) a="-t 128 --quantise ue8m0 --quantise-apart" ;;
+    *) echo "unknown point $3"; return ;;
+    esac
+    env ${AB_ENV:-} timeout 120 scripts/mc-launch.sh "$n" -- "$2" --transport p2p -n "$n" -r 300 -w 20 --no-dense --json \
+      $b $a > "$out/ab-$1-$3-$4.json" 2>> "$out/ab.err"
+  }
+  for rep in $(seq "${AB_REPS:-3}"); do
+    for p in ${AB_POINTS:-g1 e1 g128 e128}; do
+      for i in "${!bins[@]}"; do run "${labels[$i]}" "${bins[$i]}" "$p" "$rep"; done
+    done
+  done
+  python3 - "$out" <<'PY'
+import glob, json, os, statistics, sys
+runs = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
+    try:
+        j = json.load(open(f))
+        l = j["latency_us"]
+    except Exception:
+        print(os.path.basename(f), "unreadable"); continue
+    fl = j.get("floor_us", {})
+    h = " ".join(f'{l[k]["median"]:6.1f}' if k in l else "     -"
+                 for k in ("dispatch send", "dispatch recv", "combine send", "combine recv"))
+    fs = " ".join(f'{fl[k]["median"]:5.1f}' if k in fl else "    -" for k in ("dispatch", "combine"))
+    print(f'{os.path.basename(f)[3:-5]:28s} disp {l["dispatch"]["median"]:7.1f} comb {l["combine"]["median"]:7.1f}  '
+          f'halves {h}  floor {fs}  {j.get("verdict", "?")}')
+    label, point, _ = os.path.basename(f)[3:-5].rsplit("-", 2)
+    runs.setdefault((point, label), []).append(j)
+print("per point and tree: median of the runs' medians [range], median p99; floor: the same of the empty kernels")
+for (point, label), js in sorted(runs.items()):
+    cols = []
+    for ph in ("dispatch", "combine"):
+        m = [j["latency_us"][ph]["median"] for j in js]
+        p = statistics.median(j["latency_us"][ph]["p99"] for j in js)
+        f = [j["floor_us"][ph]["median"] for j in js if "floor_us" in j]
+        fl = f' floor {statistics.median(f):5.1f} (+{statistics.median(m) - statistics.median(f):5.1f})' if f else ""
+        cols.append(f'{ph[:4]} {statistics.median(m):6.1f} [{min(m):5.1f}-{max(m):5.1f}] p99 {p:6.1f}{fl}')
+    bad = sum(j.get("verdict") != "PASS" for j in js)
+    print(f'{point:6s} {label:10s} n={len(js)}  ' + "  ".join(cols) + (f"  {bad} NOT PASS" if bad else ""))
+PY
+  exit
+fi
+if [ "$mode" = multi ]; then
+  # gpu-run.sh multi - the several-GPU run, in one go, on a machine
+  # with N >= 2 GPUs:
+  #  1. every GPU test over nvshmem and over p2p with one rank per GPU
+  #     (MC_TEST_MAX_WORLD=N caps the tests' ranks at N);
+  #  2. where N < 8, the EP8 tests again with 8/N ranks per GPU under MPS:
+  #     peers on the same GPU and on another one in one communicator;
+  #  3. the benchmark, EP = N, for each GPU transport, beside the NVSHMEM and
+  #     NCCL dense baselines of the same run: latency at 1..512 tokens per rank
+  #     and throughput at 4096.
+  # Raw JSON and logs in $OUT/multi (or ./gpu-multi-out/multi), a table last.
+  # NVLink multicast stays off (mc-launch.sh sets NVSHMEM_DISABLE_NVLS=1 and
+  # NCCL_NVLS_ENABLE=0): on shared hosts it can take the GPUs down.
+  # MC_MULTI_SECONDS (default 420) bounds the whole: a step that would start
+  # after it is skipped and says so, so one call of the device tool (600 s)
+  # always returns a table.
+  out=${OUT:-$PWD/gpu-multi-out}/multi
+  mkdir -p "$out"
+  cd "$(dirname "$0")/.."
+  deadline=$(( $(date +%s) + ${MC_MULTI_SECONDS:-420} ))
+  time_for() { [ $(( deadline - $(date +%s) )) -ge "$1" ]; } # seconds a step may need
+  n=$(scripts/mc-launch.sh --gpus) # the GPUs the ranks will see (CUDA_VISIBLE_DEVICES too)
+  if [ "$n" -lt 2 ]; then echo "gpu-run.sh multi: needs at least 2 GPUs, found $n" >&2; exit 1; fi
+  { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$out/machine.txt" 2>&1
+  cat "$out/machine.txt"
+  s=$(date +%s)
+  build_dev "$out/build.log" 30
+  echo "build: $(( $(date +%s) - s )) s"
+  results=()
+  run_test() { # tag ranks test [VAR=value ...]
+    local tag=$1 ranks=$2 t=$3 s r; shift 3
+    if ! time_for 30; then results+=("$tag $t SKIPPED (out of time)"); return; fi
+    s=$(date +%s)
+    if env "$@" timeout 90 scripts/mc-launch.sh "$ranks" -- build-dev/mc_tests "$t" > "$out/test-$tag-$t.log" 2>&1
+    then r=PASS; else r="FAIL($?)"; tail -6 "$out/test-$tag-$t.log"; fi
+    results+=("$tag $t $r $(( $(date +%s) - s ))s")
+  }
+  tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_stall gpu_graph gpu_deepseek_shape gpu_prep_passes gpu_many_rounds
+         gpu_auto_transport"
+  for tp in nvshmem p2p; do
+    for t in $tests; do run_test "$tp-ep$n" "$n" "$t" MC_TEST_TRANSPORT=$tp MC_TEST_MAX_WORLD=$n; done
+  done
+  if [ "$n" -lt 8 ]; then
+    for tp in nvshmem p2p; do
+      for t in gpu_ep_sizes gpu_deepseek_shape gpu_prep_passes gpu_bad_input gpu_many_rounds; do run_test "$tp-ep8-mps" 8 "$t" MC_TEST_TRANSPORT=$tp; done
+    done
+  fi
+  bench() { # transport tokens seconds args...
+    local tr=$1 t=$2 secs=$3 f; shift 3
+    f="$out/bench-$tr-ep$n-t$t"
+    if ! time_for "$secs"; then echo "{\"skipped\": \"out of time\"}" > "$f.json"; return; fi
+    timeout "$secs" scripts/mc-launch.sh "$n" -- build-dev/mc-bench --transport "$tr" -n "$n" -t "$t" --nccl --json "$@" \
+      > "$f.json" 2> "$f.err" || echo "{\"failed\": $?}" >> "$f.json"
+  }
+  for tr in nvshmem p2p; do
+    for t in 1 8 32 128 512; do bench "$tr" "$t" 60 -r 200 -w 20; done
+  done
+  # throughput: 4096 tokens per rank; the padded dense payload is 32x the
+  # 128-token one, so the symmetric heap must hold it
+  for tr in nvshmem p2p; do
+    NVSHMEM_SYMMETRIC_SIZE=40G bench "$tr" 4096 120 -r 50 -w 5 --check-first 1
+  done
+  # at most 8 files come back: logs and JSON in one archive each
+  (cd "$out" && tar czf logs.tgz --remove-files $(ls *.log *.err 2>/dev/null) 2>/dev/null || true)
+  echo "== tests =="
+  printf '%s\n' "${results[@]}" | tee "$out/summary.txt"
+  echo "== bench (median us; GB/s per rank; dense baselines of the same run) =="
+  python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
+    name = os.path.basename(f)[6:-5]
+    try:
+        j = json.loads(open(f).read())
+    except Exception:
+        print(f"{name:22s} unreadable: {open(f).read()[:160]!r}"); continue
+    if "latency_us" not in j:
+        print(f"{name:22s} {j}"); continue
+    l, g = j["latency_us"], j.get("GBps_per_rank", {})
+    d, nc = j.get("dense_alltoall", {}), j.get("nccl_alltoall", {})
+    print(f'{name:22s} disp {l["dispatch"]["median"]:8.1f} comb {l["combine"]["median"]:8.1f}  '
+          f'GB/s {g.get("dispatch", 0):6.1f}/{g.get("combine", 0):6.1f}  nvshmem-dense {d.get("median_us", 0):8.1f}  '
+          f'nccl {nc.get("median_us", 0):8.1f}  {j["verdict"]}')
+PY
+  (cd "$out" && tar czf bench-json.tgz --remove-files bench-*.json 2>/dev/null || true)
+  exit
+fi
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 log() { echo "$*" | tee -a "$out/summary.txt"; }
 { date -u; nvidia-smi -L; nvcc --version | tail -1; } > "$out/machine.txt" 2>&1
-jobs=$(nproc)
 t0=$(date +%s)
-if ! { cmake -S . -B build-dev -DMC_CUDA=ON -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
-       cmake --build build-dev -j"$jobs"; } > "$out/build.log" 2>&1; then
-  tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1
-fi
+build_dev "$out/build.log" 40
 log "build: $(( $(date +%s) - t0 )) s"
 L="scripts/mc-launch.sh 8 --"
 results=()

@@ -66,7 +66,7 @@ static int run_gpu_result(mc_case_t *c, mc_run_opts_t *o, mc_run_result_t *res) 
 }
 
 /* MC_TEST_MAX_WORLD=N caps every test's ranks at N, rounded down to a power
- * of two: one rank per GPU on a machine of N GPUs (scripts/gpu-multi.sh),
+ * of two: one rank per GPU on a machine of N GPUs (scripts/gpu-run.sh multi),
  * where more ranks than GPUs would share one without MPS. */
 static int cap_world(int world) {
   const char *s = getenv("MC_TEST_MAX_WORLD");
