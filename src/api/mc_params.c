@@ -60,7 +60,7 @@ static const param_t table[] = {
      parse_host},
     {"MC_BOOTSTRAP_ADDR", "127.0.0.1", "the IPv4 address mc_unique_id_create listens on", parse_addr},
     {"MC_GPU_TRACE", "", "GPU transports: a file prefix; every kernel then stamps the GPU clock and "
-                         "mc_a2a_check appends the stamps to <prefix>.<rank> (scripts/trace_summary.py)",
+                         "mc_a2a_check appends the stamps to <prefix>.<rank> (scripts/mc_report.py trace)",
      parse_trace},
 };
 

@@ -46,7 +46,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
 /* Report (and for refused input, clear) what the device recorded. With
  * MC_GPU_TRACE set, also synchronise the device and append the kernels'
  * stamps to the trace file (a diagnostic: the benchmark checks after every
- * round; scripts/trace_summary.py reads the files). */
+ * round; scripts/mc_report.py trace reads the files). */
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
