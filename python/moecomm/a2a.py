@@ -351,8 +351,11 @@ class AllToAll:
         return self
 
     def __exit__(self, exc_type, *_):
-        if exc_type is None:
-            if self._h and self.get_mask().any():  # a dead rank would fail the communicator's barrier
+        # A failed handle (a timeout named a rank that may have left) is
+        # destroyed without the barrier, which would wait its timeout for
+        # that rank; destroy itself keeps the window mapped while peers use it.
+        if exc_type is None and self._h and lib.mc_a2a_check(self._h) == 0:
+            if self.get_mask().any():  # a dead rank would fail the communicator's barrier
                 check(lib.mc_a2a_barrier(self._h, None), self.last_error)
             else:
                 self.comm.barrier()
