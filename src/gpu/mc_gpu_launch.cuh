@@ -89,21 +89,16 @@ typedef struct mc_launch {
   int early; /* a receiving kernel: launched as a programmatic dependent where g->pdl */
 } mc_launch_t;
 
-/* Blocks of the one-launch dispatch kernel for a call of at most m tokens
- * (mc_one_blocks; those past what a call given fewer through bound_m needs
- * leave at once). */
-static int one_launch_blocks(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant) {
-  const int b = mc_one_blocks(s, m, quant, g->grid);
-  return b < 1 ? 1 : b;
-}
 /* Dispatch-send runs as one kernel where the call's tokens fit one prep
  * chunk, no rank is masked and every peer is mapped. */
 static int dsend_one(const mc_gpu_t *g, const mc_shape_t *s, int m, int masked) {
   return g->one && !masked && m <= mc_prep_chunk(s);
 }
-/* dispatch-send's sending kernel: the one-launch kernel, or the chunked path's send kernel */
+/* dispatch-send's sending kernel: the one-launch kernel on the blocks the
+ * most tokens a call may pass need (mc_one_blocks; a call given fewer
+ * through bound_m leaves the rest at once), or the chunked path's send kernel */
 static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant, int masked) {
-  if (dsend_one(g, s, m, masked)) return mc_launch_t{one_launch_blocks(g, s, m, quant), MC_THREADS, mc_one_smem_bytes(s), 0};
+  if (dsend_one(g, s, m, masked)) return mc_launch_t{mc_one_blocks(s, m, quant, g->grid), MC_THREADS, mc_one_smem_bytes(s), 0};
   return mc_launch_t{g->grid, MC_THREADS, mc_send_smem_bytes(s), 0};
 }
 static mc_launch_t plan_drecv(const mc_gpu_t *g, const mc_shape_t *s) {
