@@ -45,7 +45,7 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define MC_VERSION_MAJOR 0
-#define MC_VERSION_MINOR 4
+#define MC_VERSION_MINOR 5
 #define MC_VERSION_PATCH 0
 /* One integer that compares in release order: 0.1.0 -> 100. */
 #define MC_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
@@ -73,7 +73,11 @@ typedef enum mc_result {
   MC_ERR_ABORTED = 9,       /* the handle failed earlier (a timeout, a CUDA/NVSHMEM/system
                                failure, or group inputs that differ); destroy it; the text quotes
                                the first failure */
-  MC_ERR_INTERNAL = 10      /* a bug in moecomm; please report the text */
+  MC_ERR_INTERNAL = 10,     /* a bug in moecomm; please report the text */
+  MC_ERR_CAPACITY = 11      /* packed layouts: a rank received more rows than the capacity it declared;
+                               every rank's recv half fails the round, naming the rank, its rows and
+                               its capacity; nothing was written past it, the handle stays usable and
+                               the next step is a new dispatch */
 } mc_result_t;
 
 /* A static string naming a result code ("MC_ERR_TIMEOUT: ..."). Never NULL. */
@@ -130,6 +134,25 @@ typedef enum mc_scale_format {
   MC_SCALE_FP32 = 0,
   MC_SCALE_UE8M0 = 1
 } mc_scale_format_t;
+
+/* How the recv half of dispatch lays out what arrives (config->recv_layout).
+ * MC_LAYOUT_BATCHED: mc_dispatch's expert_x, [local expert][capacity]: every
+ *   expert sized for the worst case (each could receive every token of
+ *   every group); fixed shapes, what decode and CUDA graphs need.
+ * MC_LAYOUT_PACKED: mc_dispatch_packed, one row per (token, rank) that
+ *   arrived, with the row's local experts and weights; the caller's experts
+ *   return one row per received row, already weighted and summed over the
+ *   rank's experts (combine sends it as it is). Sized by what arrives: for
+ *   large batches (prefill).
+ * MC_LAYOUT_EXPERT_SORTED: mc_dispatch_packed, one row per (token, local
+ *   expert), expert after expert, each expert's rows from a multiple of
+ *   config->expert_align: what grouped GEMMs over contiguous segments take;
+ *   combine weights and sums the rows as in the batched layout. */
+typedef enum mc_recv_layout {
+  MC_LAYOUT_BATCHED = 0,
+  MC_LAYOUT_PACKED = 1,
+  MC_LAYOUT_EXPERT_SORTED = 2
+} mc_recv_layout_t;
 
 /* Size in bytes of one element (4, 2, 2); 0 for an unknown value. */
 MC_API size_t mc_dtype_size(mc_dtype_t dtype);
@@ -269,13 +292,16 @@ typedef struct mc_a2a_config {
   mc_index_dtype_t index_dtype; /* dtype of mc_dispatch's indices (default int32) */
   mc_dispatch_input_t dispatch_input; /* what the tokens are (default opaque bytes) */
   mc_scale_format_t scale_format;     /* MC_INPUT_BF16_TO_E4M3's scales (default fp32) */
+  mc_recv_layout_t recv_layout;       /* default MC_LAYOUT_BATCHED */
+  int expert_align;           /* MC_LAYOUT_EXPERT_SORTED: each local expert's rows start at a multiple
+                                 of it, 1..1024 (default 1); 1 for the other layouts */
 } mc_a2a_config_t;
 
 #define MC_MAX_TOPK 16
 
 #define MC_A2A_CONFIG_INITIALIZER \
   { sizeof(mc_a2a_config_t), MC_VERSION, 0, 0, 0, 0, 0, 0, MC_DTYPE_BF16, MC_DTYPE_BF16, MC_INDEX_INT32, \
-    MC_INPUT_BYTES, MC_SCALE_FP32 }
+    MC_INPUT_BYTES, MC_SCALE_FP32, MC_LAYOUT_BATCHED, 1 }
 
 /* Collective over the communicator: every rank passes the same config (a
  * rank that differs makes every rank fail, naming the field and both
@@ -357,11 +383,77 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
                                const int32_t *bound_m, void *expert_x, void *expert_scale,
                                int32_t *expert_count, unsigned int flags, void *stream);
 
+/* Dispatch into a packed layout (config->recv_layout MC_LAYOUT_PACKED or
+ * MC_LAYOUT_EXPERT_SORTED); the send half reads what mc_dispatch's does.
+ * Rows arrive ordered by (source group, token index), as mc_dispatch's
+ * slots; the same bytes for the same inputs, every time.
+ *
+ * The recv half writes into *recv (device memory on GPU transports, host
+ * memory on cpu; "rows" is this rank's count of rows, see below):
+ *   x            [rows][token_bytes]  16-byte aligned
+ *   x_scale      [rows][scale_bytes]  NULL iff scale_bytes == 0
+ *   row_expert   packed: [rows][topk] int32, the row's local experts
+ *                (ascending), then -1; sorted: [rows], the row's local
+ *                expert, -1 on padding rows
+ *   row_weight   optional, beside row_expert: the router weights (0 where -1)
+ *   expert_count optional, [num_local_experts]: (token, expert) pairs
+ *   expert_offset optional, [num_local_experts + 1]: sorted: where each
+ *                expert's rows start (multiples of expert_align), then the
+ *                rows; packed: the prefix sums of expert_count
+ *   src_count    optional, [world_size]: rows from each source rank
+ *   rows         optional, [1] int64: the rows written
+ * Rows, padding and all: packed, one per (token, rank) received; sorted, each
+ * local expert's pairs rounded up to expert_align. Nothing past them is
+ * written.
+ *
+ * Capacity: how the recv buffers are sized, one of two ways per call.
+ * - Declared: the send half's recv->capacity > 0, the rows this rank's
+ *   buffers will hold, travels with the metas, so that every rank knows every
+ *   rank's rows and capacity. A round where any rank's rows exceed its
+ *   capacity fails on every rank's recv half with MC_ERR_CAPACITY naming that
+ *   rank (the round is dropped: its records are consumed unread, combine is
+ *   not called, dispatch is next). The recv half's capacity must be at least
+ *   the declared one.
+ * - Counted: the send half's recv is NULL or its capacity 0; then call
+ *   mc_dispatch_counts after the send half and before the recv half, and
+ *   size the buffers from it.
+ * A recv half whose buffers cannot hold what it would write fails with
+ * MC_ERR_INVALID_ARG and changes nothing: call it again with larger ones.
+ * Returns as mc_dispatch, and MC_ERR_CAPACITY. */
+typedef struct mc_packed_recv {
+  size_t size;            /* sizeof(mc_packed_recv_t) */
+  int64_t capacity;       /* rows that x, x_scale, row_expert and row_weight hold */
+  void *x;
+  void *x_scale;
+  int32_t *row_expert;
+  float *row_weight;
+  int32_t *expert_count;
+  int32_t *expert_offset;
+  int32_t *src_count;
+  int64_t *rows;
+} mc_packed_recv_t;
+
+MC_API mc_result_t mc_dispatch_packed(mc_a2a_t *a2a, const void *tokens, const void *scales,
+                                      const void *indices, const float *weights, int m,
+                                      const int32_t *bound_m, const mc_packed_recv_t *recv,
+                                      unsigned int flags, void *stream);
+
+/* The count step of the packed layouts: between the send half and the recv
+ * half of a dispatch, wait for every rank's counts for this rank (sent by
+ * their send halves) and write to host memory the rows the recv half will
+ * write, and (optional, [num_local_experts]) the (token, expert) pairs per
+ * local expert. Synchronises the stream; not for CUDA graphs. May be
+ * called more than once. Returns as mc_dispatch. */
+MC_API mc_result_t mc_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream);
+
 /* Combine: send each expert's outputs back, summed with the router weights.
  *
  * Send half reads expert_y [num_local_experts][capacity][hidden] in
  * combine_in_dtype (16-byte aligned), only the slots that the matching
- * dispatch filled. For each (token, rank holding its experts) it sends one
+ * dispatch filled; in the packed layouts [rows][hidden], one row per row of
+ * the matching dispatch (padding rows not read): MC_LAYOUT_PACKED sends
+ * each row as it is (the caller weighted and summed the row's experts);
+ * MC_LAYOUT_EXPERT_SORTED reduces them as below. For each (token, rank holding its experts) it sends one
  * row: the fp32 sum, over that rank's experts of the token in ascending
  * order, of weight * y, rounded to combine_in_dtype, to every rank of the
  * token's group.

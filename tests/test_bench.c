@@ -121,7 +121,7 @@ int test_bench_gpu_fit(void) {
   o.transport = MC_TRANSPORT_P2P;
   uint64_t library;
   const uint64_t rank = mc_run_gpu_bytes(&c, &o, &library), slots = 32ull * 8 * 4096;
-  const mc_shape_t sh = mc_shape_make(8, 1, 256, 8, 4096, 7168, 7168, 224, 2);
+  const mc_shape_t sh = mc_shape_make(8, 1, 256, 8, 4096, 7168, 7168, 224, 2, 0, 1);
   MC_CHECK(library == mc_window_bytes(&sh) + mc_workspace_bytes(&sh));
   const uint64_t caller = rank - library, slot_bytes = slots * (7168 + 224 + 7168 * 2);
   /* besides the slots: out, the inputs and 16 MB of scratch, under 1 GB */

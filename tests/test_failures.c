@@ -105,10 +105,10 @@ int test_wire_bytes(void) {
 int test_buffer_memory(void) {
   /* Receive buffers grow with num_groups x max_tokens and world_size x
    * max_tokens x hidden, never with num_experts x max_tokens x hidden. */
-  const mc_shape_t a = mc_shape_make(8, 1, 256, 8, 128, 7168, 7168, 224, 2);
-  const mc_shape_t more_experts = mc_shape_make(8, 1, 1024, 8, 128, 7168, 7168, 224, 2);
-  const mc_shape_t more_tokens = mc_shape_make(8, 1, 256, 8, 256, 7168, 7168, 224, 2);
-  const mc_shape_t grouped = mc_shape_make(8, 2, 256, 8, 128, 7168, 7168, 224, 2);
+  const mc_shape_t a = mc_shape_make(8, 1, 256, 8, 128, 7168, 7168, 224, 2, 0, 1);
+  const mc_shape_t more_experts = mc_shape_make(8, 1, 1024, 8, 128, 7168, 7168, 224, 2, 0, 1);
+  const mc_shape_t more_tokens = mc_shape_make(8, 1, 256, 8, 256, 7168, 7168, 224, 2, 0, 1);
+  const mc_shape_t grouped = mc_shape_make(8, 2, 256, 8, 128, 7168, 7168, 224, 2, 0, 1);
   uint64_t base = mc_window_bytes(&a);
   fprintf(stderr, "window bytes at EP8 DeepSeek-V3, 128 tokens: %llu (%.1f MiB)\n", (unsigned long long)base,
           (double)base / 1048576.0);
@@ -140,7 +140,7 @@ int test_buffer_memory(void) {
   MC_CHECK_OK(mc_a2a_create(comm, &ac, &a2a));
   mc_a2a_stats_t st = {.size = sizeof st};
   MC_CHECK_OK(mc_a2a_get_stats(a2a, &st));
-  mc_shape_t one = mc_shape_make(1, 1, 256, 8, 128, 7168, 7168, 224, 2);
+  mc_shape_t one = mc_shape_make(1, 1, 256, 8, 128, 7168, 7168, 224, 2, 0, 1);
   MC_CHECK(st.buffer_bytes == mc_window_bytes(&one) + mc_workspace_bytes(&one));
   MC_CHECK_OK(mc_a2a_destroy(a2a));
   MC_CHECK_OK(mc_comm_destroy(comm));

@@ -41,7 +41,8 @@ static void print_sizes(const mc_case_t *c) {
   for (int w = 1; w <= 256; w *= 2) {
     if (c->num_experts % w || w % c->group_size) continue;
     mc_shape_t sh = mc_shape_make(w, c->group_size, c->num_experts, c->topk, c->max_tokens, c->hidden, c->token_bytes,
-                                  c->scale_bytes, mc_dtype_size(c->in_dtype));
+                                  c->scale_bytes, mc_dtype_size(c->in_dtype), c->layout,
+                                  c->expert_align > 0 ? c->expert_align : 1);
     printf("%s%llu", first ? "" : ", ", (unsigned long long)(mc_window_bytes(&sh) + mc_workspace_bytes(&sh)));
     first = 0;
   }

@@ -8,7 +8,7 @@ from .errors import MoecommError, MoecommInvalid, MoecommTimeout, last_error, re
 from .layer import MoELayer
 
 SEND, RECV, SEND_RECV = capi.SEND, capi.RECV, capi.SEND_RECV
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def version():

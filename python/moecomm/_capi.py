@@ -9,7 +9,7 @@ import ctypes as C
 from ._lib import load
 
 # ---- version, results, enumerations (moecomm.h) ----
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 4, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 5, 0
 VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 SUCCESS = 0
@@ -23,12 +23,14 @@ ERR_CUDA = 7
 ERR_NVSHMEM = 8
 ERR_ABORTED = 9
 ERR_INTERNAL = 10
+ERR_CAPACITY = 11
 
 TRANSPORT_AUTO, TRANSPORT_CPU, TRANSPORT_NVSHMEM, TRANSPORT_P2P = 0, 1, 2, 3
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 INDEX_INT32, INDEX_INT64 = 0, 1
 INPUT_BYTES, INPUT_BF16_TO_E4M3 = 0, 1
 SCALE_FP32, SCALE_UE8M0 = 0, 1
+LAYOUT_BATCHED, LAYOUT_PACKED, LAYOUT_EXPERT_SORTED = 0, 1, 2
 
 SEND, RECV = 1, 2
 SEND_RECV = SEND | RECV
@@ -58,7 +60,8 @@ class A2AConfig(C.Structure):
                 ("num_experts", C.c_int), ("experts_per_token", C.c_int),
                 ("token_bytes", C.c_size_t), ("scale_bytes", C.c_size_t), ("hidden", C.c_int),
                 ("combine_in_dtype", C.c_int), ("combine_out_dtype", C.c_int), ("index_dtype", C.c_int),
-                ("dispatch_input", C.c_int), ("scale_format", C.c_int)]
+                ("dispatch_input", C.c_int), ("scale_format", C.c_int), ("recv_layout", C.c_int),
+                ("expert_align", C.c_int)]
 
 
 class A2AStats(C.Structure):
@@ -76,7 +79,7 @@ def comm_config():
 def a2a_config():
     """MC_A2A_CONFIG_INITIALIZER."""
     return A2AConfig(C.sizeof(A2AConfig), VERSION, 0, 0, 0, 0, 0, 0, DTYPE_BF16, DTYPE_BF16, INDEX_INT32,
-                     INPUT_BYTES, SCALE_FP32)
+                     INPUT_BYTES, SCALE_FP32, LAYOUT_BATCHED, 1)
 
 
 def a2a_stats():

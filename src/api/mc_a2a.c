@@ -90,6 +90,14 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   if (c->index_dtype != MC_INDEX_INT32 && c->index_dtype != MC_INDEX_INT64)
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->index_dtype=%d is not an mc_index_dtype_t (int32 0, int64 1)",
                    (int)c->index_dtype);
+  if (c->recv_layout != MC_LAYOUT_BATCHED && c->recv_layout != MC_LAYOUT_PACKED &&
+      c->recv_layout != MC_LAYOUT_EXPERT_SORTED)
+    return mc_fail(err, MC_ERR_INVALID_ARG,
+                   "config->recv_layout=%d is not an mc_recv_layout_t (batched 0, packed 1, expert-sorted 2)",
+                   (int)c->recv_layout);
+  if (c->recv_layout == MC_LAYOUT_EXPERT_SORTED ? c->expert_align < 1 || c->expert_align > 1024 : c->expert_align != 1)
+    return mc_fail(err, MC_ERR_INVALID_ARG, "config->expert_align=%d must be %s", c->expert_align,
+                   c->recv_layout == MC_LAYOUT_EXPERT_SORTED ? "in 1..1024" : "1 outside the expert-sorted layout");
   return MC_SUCCESS;
 }
 
@@ -111,6 +119,8 @@ static mc_result_t config_mismatch(mc_comm_t *comm, int r, const mc_a2a_config_t
   DIFF(index_dtype, "%d", int)
   DIFF(dispatch_input, "%d", int)
   DIFF(scale_format, "%d", int)
+  DIFF(recv_layout, "%d", int)
+  DIFF(expert_align, "%d", int)
   DIFF(version, "%u", unsigned)
 #undef DIFF
   return mc_fail(comm->err, MC_ERR_INVALID_ARG, "mc_a2a_create: rank %d passed a different config than rank %d", r,
@@ -153,6 +163,11 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   if (!ops)
     return join_refused(comm, mc_fail(comm->err, MC_ERR_UNSUPPORTED, "no transport '%s' in this build",
                                       mc_transport_name(comm->transport)));
+  if (config->recv_layout != MC_LAYOUT_BATCHED && !ops->dispatch_counts)
+    return join_refused(comm, mc_fail(comm->err, MC_ERR_UNSUPPORTED,
+                                      "config->recv_layout=%d: the %s transport has the batched layout only; the "
+                                      "packed layouts run on the cpu transport",
+                                      (int)config->recv_layout, ops->name));
 
   /* The same config on every rank, or buffers would be carved differently.
    * Copied field by field into a zeroed struct: padding bytes must not make
@@ -172,6 +187,8 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   mine.index_dtype = config->index_dtype;
   mine.dispatch_input = config->dispatch_input;
   mine.scale_format = config->scale_format;
+  mine.recv_layout = config->recv_layout;
+  mine.expert_align = config->expert_align;
   if (!all) return mc_fail(comm->err, MC_ERR_SYSTEM, "out of host memory");
   rc = mc_comm_allgather(comm, &mine, all, sizeof mine);
   for (int r = 0; rc == MC_SUCCESS && r < comm->world_size; r++)
@@ -190,7 +207,7 @@ static mc_result_t a2a_create(mc_comm_t *comm, const mc_a2a_config_t *config, mc
   a2a->ops = ops;
   a2a->shape = mc_shape_make(comm->world_size, comm->group_size, config->num_experts, config->experts_per_token,
                              config->max_tokens, config->hidden, config->token_bytes, config->scale_bytes,
-                             mc_dtype_size(config->combine_in_dtype));
+                             mc_dtype_size(config->combine_in_dtype), (int)config->recv_layout, config->expert_align);
   a2a->stats.size = sizeof a2a->stats;
   a2a->masked = calloc((size_t)comm->world_size, 1);
   a2a->mask_calls = calloc((size_t)comm->world_size, sizeof *a2a->mask_calls);
@@ -301,7 +318,7 @@ static mc_result_t after(mc_a2a_t *a2a, mc_result_t rc) {
       rc == MC_ERR_SYSTEM)
     a2a->aborted = 1;
   if (a2a->aborted && !a2a->first_err[0]) memcpy(a2a->first_err, a2a->err, sizeof a2a->first_err);
-  if (a2a->refused) {
+  if (a2a->refused || rc == MC_ERR_CAPACITY) { /* the round is over on every rank */
     a2a->refused = 0;
     a2a->next = MC_NEXT_DISPATCH_SEND;
   }
@@ -323,6 +340,47 @@ mc_result_t mc_a2a_barrier(mc_a2a_t *a2a, void *stream) {
   return after(a2a, rc);
 }
 
+/* The send half's arguments (every layout). */
+static mc_result_t check_send(mc_a2a_t *a2a, const char *call, const mc_dispatch_args_t *d) {
+  const mc_a2a_config_t *c = &a2a->cfg;
+  const int has_scales = c->scale_bytes > 0, quant = c->dispatch_input == MC_INPUT_BF16_TO_E4M3;
+  mc_result_t rc;
+  if (d->m < 0 || d->m > c->max_tokens)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: m=%d is not in 0..max_tokens=%d", call, d->m, c->max_tokens);
+  const int rows = d->m > 0;
+  if ((rc = check_ptr(a2a, call, "tokens", d->tokens, rows, 16)) ||
+      (rc = check_ptr(a2a, call, "scales", d->scales, rows && has_scales && !quant, 4)) ||
+      (rc = check_ptr(a2a, call, "indices", d->indices, rows, mc_index_size(c->index_dtype == MC_INDEX_INT64))) ||
+      (rc = check_ptr(a2a, call, "weights", d->weights, 0, 4)) ||
+      (rc = check_ptr(a2a, call, "bound_m", d->bound_m, 0, 4)))
+    return rc;
+  if (d->scales && !has_scales)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: scales=%p given but config->scale_bytes is 0", call,
+                   d->scales);
+  if (d->scales && quant)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                   "%s: scales=%p given, but with MC_INPUT_BF16_TO_E4M3 the send half makes the scales: pass NULL",
+                   call, d->scales);
+  return MC_SUCCESS;
+}
+
+/* The halves asked for, in order; the state moves on after each. */
+static mc_result_t run_dispatch(mc_a2a_t *a2a, const mc_dispatch_args_t *args, unsigned int flags) {
+  mc_result_t rc;
+  if (flags & MC_SEND) {
+    if ((rc = after(a2a, a2a->ops->dispatch_send(a2a, args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_DISPATCH_RECV;
+    a2a->round_m = args->m;
+    a2a->declared = args->recv ? args->recv->capacity : 0;
+    a2a->counted = -1;
+  }
+  if (flags & MC_RECV) {
+    if ((rc = after(a2a, a2a->ops->dispatch_recv(a2a, args))) != MC_SUCCESS) return rc;
+    a2a->next = MC_NEXT_COMBINE_SEND;
+  }
+  return MC_SUCCESS;
+}
+
 mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, const void *indices,
                         const float *weights, int m, const int32_t *bound_m, void *expert_x,
                         void *expert_scale, int32_t *expert_count, unsigned int flags, void *stream) {
@@ -330,27 +388,14 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
   const char *call = "mc_dispatch";
   mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_DISPATCH_SEND);
   if (rc != MC_SUCCESS) return rc;
-  const mc_a2a_config_t *c = &a2a->cfg;
-  const int has_scales = c->scale_bytes > 0, quant = c->dispatch_input == MC_INPUT_BF16_TO_E4M3;
-  if (flags & MC_SEND) {
-    if (m < 0 || m > c->max_tokens)
-      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: m=%d is not in 0..max_tokens=%d", call, m,
-                     c->max_tokens);
-    int rows = m > 0;
-    if ((rc = check_ptr(a2a, call, "tokens", tokens, rows, 16)) ||
-        (rc = check_ptr(a2a, call, "scales", scales, rows && has_scales && !quant, 4)) ||
-        (rc = check_ptr(a2a, call, "indices", indices, rows, mc_index_size(c->index_dtype == MC_INDEX_INT64))) ||
-        (rc = check_ptr(a2a, call, "weights", weights, 0, 4)) ||
-        (rc = check_ptr(a2a, call, "bound_m", bound_m, 0, 4)))
-      return rc;
-    if (scales && !has_scales)
-      return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: scales=%p given but config->scale_bytes is 0",
-                     call, scales);
-    if (scales && quant)
-      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
-                     "%s: scales=%p given, but with MC_INPUT_BF16_TO_E4M3 the send half makes the scales: pass NULL",
-                     call, scales);
-  }
+  if (a2a->cfg.recv_layout != MC_LAYOUT_BATCHED)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: the handle's config->recv_layout is %d, a packed layout: call mc_dispatch_packed", call,
+                   (int)a2a->cfg.recv_layout);
+  const int has_scales = a2a->cfg.scale_bytes > 0;
+  mc_dispatch_args_t args = {tokens,  scales,   indices,      weights,      m,   bound_m,
+                             expert_x, expert_scale, expert_count, NULL, stream};
+  if ((flags & MC_SEND) && (rc = check_send(a2a, call, &args)) != MC_SUCCESS) return rc;
   if (flags & MC_RECV) {
     if ((rc = check_ptr(a2a, call, "expert_x", expert_x, 1, 16)) ||
         (rc = check_ptr(a2a, call, "expert_scale", expert_scale, has_scales, 4)) ||
@@ -360,18 +405,89 @@ mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *scales, c
       return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                      "%s: expert_scale=%p given but config->scale_bytes is 0", call, expert_scale);
   }
-  mc_dispatch_args_t args = {tokens,   scales,       indices,      weights, m,
-                             bound_m,  expert_x,     expert_scale, expert_count, stream};
-  if (flags & MC_SEND) {
-    if ((rc = after(a2a, a2a->ops->dispatch_send(a2a, &args))) != MC_SUCCESS) return rc;
-    a2a->next = MC_NEXT_DISPATCH_RECV;
-    a2a->round_m = m;
+  return run_dispatch(a2a, &args, flags);
+}
+
+/* The recv half's buffers of a packed layout, against the capacity the
+ * send half declared or the rows mc_dispatch_counts found. */
+static mc_result_t check_packed_recv(mc_a2a_t *a2a, const char *call, const mc_packed_recv_t *r, int send_too) {
+  const mc_a2a_config_t *c = &a2a->cfg;
+  const int has_scales = c->scale_bytes > 0;
+  mc_result_t rc;
+  if (!r) return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: recv is NULL (the recv half writes into it)", call);
+  if ((rc = check_ptr(a2a, call, "recv->x", r->x, 1, 16)) ||
+      (rc = check_ptr(a2a, call, "recv->x_scale", r->x_scale, has_scales, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->row_expert", r->row_expert, 1, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->row_weight", r->row_weight, 0, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->expert_count", r->expert_count, 0, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->expert_offset", r->expert_offset, 0, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->src_count", r->src_count, 0, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->rows", r->rows, 0, 8)))
+    return rc;
+  if (r->x_scale && !has_scales)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: recv->x_scale=%p given but config->scale_bytes is 0", call,
+                   r->x_scale);
+  const int64_t declared = send_too ? r->capacity : a2a->declared;
+  if (declared > 0) {
+    if (r->capacity < declared)
+      return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                     "%s: recv->capacity=%lld is less than the %lld rows the send half declared", call,
+                     (long long)r->capacity, (long long)declared);
+    return MC_SUCCESS;
   }
-  if (flags & MC_RECV) {
-    if ((rc = after(a2a, a2a->ops->dispatch_recv(a2a, &args))) != MC_SUCCESS) return rc;
-    a2a->next = MC_NEXT_COMBINE_SEND;
-  }
+  if (send_too || a2a->counted < 0)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: the send half declared no capacity (recv NULL or recv->capacity 0): call mc_dispatch_counts "
+                   "between the halves and size the buffers from it, or declare a capacity in the send half",
+                   call);
+  if (r->capacity < a2a->counted)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG,
+                   "%s: recv->capacity=%lld rows cannot hold the %lld rows mc_dispatch_counts found", call,
+                   (long long)r->capacity, (long long)a2a->counted);
   return MC_SUCCESS;
+}
+
+mc_result_t mc_dispatch_packed(mc_a2a_t *a2a, const void *tokens, const void *scales, const void *indices,
+                               const float *weights, int m, const int32_t *bound_m, const mc_packed_recv_t *recv,
+                               unsigned int flags, void *stream) {
+  NEED_LIVE_A2A(a2a, "mc_dispatch_packed");
+  const char *call = "mc_dispatch_packed";
+  mc_result_t rc = check_flags_and_state(a2a, call, flags, MC_NEXT_DISPATCH_SEND);
+  if (rc != MC_SUCCESS) return rc;
+  if (a2a->cfg.recv_layout == MC_LAYOUT_BATCHED)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: the handle's config->recv_layout is MC_LAYOUT_BATCHED: call mc_dispatch", call);
+  if (recv && recv->size < sizeof *recv)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: recv->size=%zu < %zu: set it to sizeof(mc_packed_recv_t)",
+                   call, recv->size, sizeof *recv);
+  if (recv && recv->capacity < 0)
+    return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: recv->capacity=%lld is negative", call,
+                   (long long)recv->capacity);
+  mc_dispatch_args_t args = {tokens, scales, indices, weights, m, bound_m, NULL, NULL, NULL, recv, stream};
+  if ((flags & MC_SEND) && (rc = check_send(a2a, call, &args)) != MC_SUCCESS) return rc;
+  if ((flags & MC_RECV) && (rc = check_packed_recv(a2a, call, recv, (flags & MC_SEND) != 0)) != MC_SUCCESS)
+    return rc;
+  return run_dispatch(a2a, &args, flags);
+}
+
+mc_result_t mc_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream) {
+  NEED_LIVE_A2A(a2a, "mc_dispatch_counts");
+  const char *call = "mc_dispatch_counts";
+  if (a2a->aborted) return refuse_aborted(a2a, call);
+  if (a2a->cfg.recv_layout == MC_LAYOUT_BATCHED)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: the handle's config->recv_layout is MC_LAYOUT_BATCHED, whose buffers are fixed "
+                   "(mc_a2a_expert_capacity)",
+                   call);
+  if (a2a->next != MC_NEXT_DISPATCH_RECV)
+    return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                   "%s: called where the next step is the %s: call it between the send and recv halves of a "
+                   "dispatch",
+                   call, next_name(a2a->next));
+  if (!rows) return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: rows is NULL", call);
+  mc_result_t rc = after(a2a, a2a->ops->dispatch_counts(a2a, rows, expert_count, stream));
+  if (rc == MC_SUCCESS) a2a->counted = *rows;
+  return rc;
 }
 
 mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, unsigned int flags, void *stream) {

@@ -21,6 +21,7 @@ const char *mc_result_string(mc_result_t result) {
   case MC_ERR_NVSHMEM: return "MC_ERR_NVSHMEM: an NVSHMEM call failed";
   case MC_ERR_ABORTED: return "MC_ERR_ABORTED: the handle failed earlier; destroy it";
   case MC_ERR_INTERNAL: return "MC_ERR_INTERNAL: a bug in moecomm";
+  case MC_ERR_CAPACITY: return "MC_ERR_CAPACITY: a rank received more rows than its declared capacity; the round is dropped";
   }
   return "MC_ERR_UNKNOWN: not a moecomm result code";
 }

@@ -37,6 +37,7 @@ typedef struct mc_dispatch_args {
   const int32_t *bound_m;
   void *expert_x, *expert_scale;
   int32_t *expert_count;
+  const mc_packed_recv_t *recv; /* the packed layouts (mc_dispatch_packed); NULL for the batched one */
   void *stream;
 } mc_dispatch_args_t;
 
@@ -64,6 +65,8 @@ struct mc_a2a {
   uint64_t *mask_calls; /* [world_size]: the last attempt at a mask this rank and rank r numbered
                            together (the cpu transport's; docs/protocol.md) */
   int round_m;       /* m of this round's dispatch (host value, before bound_m) */
+  int64_t declared;  /* packed layouts: the capacity this round's send half declared (0: none) */
+  int64_t counted;   /* packed layouts: the rows mc_dispatch_counts found this round (-1: not called) */
   mc_a2a_stats_t stats;
   char err[MC_ERRTEXT_LEN];
   char first_err[MC_ERRTEXT_LEN]; /* the failure that aborted the handle, kept for later refusals */
@@ -103,6 +106,9 @@ struct mc_transport_ops {
   mc_result_t (*mask)(mc_a2a_t *a2a, const uint8_t *mask);
   /* optional: mc_a2a_bench_floor's empty kernels (combine: 0 dispatch, 1 combine) */
   mc_result_t (*bench_floor)(mc_a2a_t *a2a, int combine, int m, unsigned int flags, void *stream);
+  /* optional (else the batched layout only): mc_dispatch_counts, between
+   * the send and recv halves of a packed layout's round */
+  mc_result_t (*dispatch_counts)(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream);
 };
 
 /* The table for a transport this build has, or NULL. */

@@ -104,15 +104,18 @@ typedef struct mc_shape {
   /* derived once by mc_shape_make: the divisions by runtime values that
    * every layout offset below needs (a GPU kernel would inline each
    * division at every use: a large share of a kernel's instructions) */
-  int num_local_experts, num_groups, src_cap, spare_;
+  int num_local_experts, num_groups, src_cap;
+  int layout, expert_align; /* the receive layout (MC_LAYOUT_*) and the sorted layout's alignment */
+  int spare_;
 } mc_shape_t;
 
 /* A shape with its derived fields: the only way to make one. */
 MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, int topk, int max_tokens, int hidden,
-                               uint64_t token_bytes, uint64_t scale_bytes, uint64_t in_elem_bytes) {
+                               uint64_t token_bytes, uint64_t scale_bytes, uint64_t in_elem_bytes, int layout,
+                               int expert_align) {
   mc_shape_t s = {world_size, group_size, num_experts, topk, max_tokens, hidden, token_bytes, scale_bytes,
                   in_elem_bytes, num_experts / world_size, world_size / group_size,
-                  (max_tokens + group_size - 1) / group_size, 0};
+                  (max_tokens + group_size - 1) / group_size, layout, expert_align, 0};
   return s;
 }
 
@@ -148,9 +151,51 @@ MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
  * digests (every transport; a group of one rank has nothing to compare, so
  * nothing reads its digest words). */
 MC_HD int mc_meta_digest_word(const mc_shape_t *s) { return 1 + mc_num_local_experts(s); }
+/* The packed layouts (mc_dispatch_packed) add the sender's declared row
+ * capacity (two uint32 from mc_meta_limit_word, 0: none), its records to
+ * every rank (world_size uint32 from mc_meta_torank_word) and to every
+ * expert (num_experts uint32 from mc_meta_toexpert_word): the same words in
+ * every meta it sends, so that from the metas it receives every rank knows
+ * every rank's rows and capacity, and all reach one verdict. */
+MC_HD int mc_packed_layout(const mc_shape_t *s) { return s->layout != 0; }
+MC_HD int mc_meta_limit_word(const mc_shape_t *s) { return 3 + mc_num_local_experts(s); }
+MC_HD int mc_meta_torank_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s); }
+MC_HD int mc_meta_toexpert_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s) + s->world_size; }
 MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
-  return mc_align_up((3 + (uint64_t)mc_num_local_experts(s)) * sizeof(uint32_t), MC_ALIGN);
+  const uint64_t words = mc_packed_layout(s) ? (uint64_t)mc_meta_toexpert_word(s) + (uint64_t)s->num_experts
+                                             : 3 + (uint64_t)mc_num_local_experts(s);
+  return mc_align_up(words * sizeof(uint32_t), MC_ALIGN);
 }
+/* Source src's meta in a window's disp_meta region (meta0: its start). */
+MC_HD const uint32_t *mc_meta_of(const mc_shape_t *s, const unsigned char *meta0, int src) {
+  return (const uint32_t *)(meta0 + (uint64_t)src * mc_meta_bytes(s));
+}
+/* Packed layouts: the capacity rank q declared (0: none), from its meta. */
+MC_HD int64_t mc_packed_limit(const mc_shape_t *s, const unsigned char *meta0, int q) {
+  const uint32_t *m = mc_meta_of(s, meta0, q) + mc_meta_limit_word(s);
+  return (int64_t)((uint64_t)m[0] | (uint64_t)m[1] << 32);
+}
+/* Packed layouts: the rows rank q receives this round, from every source's
+ * meta (skip[src] set: a masked source, which sent none): packed, one per
+ * record; expert-sorted, each of q's local experts' pairs rounded up to
+ * expert_align. Every rank computes it for every rank alike. */
+MC_HD int64_t mc_packed_rows(const mc_shape_t *s, const unsigned char *meta0, const uint8_t *skip, int q) {
+  const int W = s->world_size, L = mc_num_local_experts(s);
+  int64_t rows = 0;
+  if (s->layout == 1) { /* MC_LAYOUT_PACKED */
+    for (int src = 0; src < W; src++)
+      if (!skip || !skip[src]) rows += mc_meta_of(s, meta0, src)[mc_meta_torank_word(s) + q];
+    return rows;
+  }
+  for (int l = 0; l < L; l++) {
+    int64_t n = 0;
+    for (int src = 0; src < W; src++)
+      if (!skip || !skip[src]) n += mc_meta_of(s, meta0, src)[mc_meta_toexpert_word(s) + q * L + l];
+    rows += (int64_t)mc_align_up((uint64_t)n, (uint64_t)s->expert_align);
+  }
+  return rows;
+}
+
 MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
 /* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
 #define MC_SEG_BYTES 2048u

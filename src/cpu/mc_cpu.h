@@ -17,6 +17,8 @@ typedef struct mc_cpu {
   uint64_t *barriers;    /* barriers[r]: mc_a2a_barrier calls made with rank r (both count them alike,
                             however many either made while the other was masked) */
   struct mc_cpu_wait *waits; /* waits[r]: mc_cpu_wait_each's state for rank r */
+  int32_t *lcount;       /* packed layouts: [num_local_experts] pairs per local expert this round */
+  int64_t *loff;         /* packed layouts: [num_local_experts + 1] each expert's first row, then the rows */
 } mc_cpu_t;
 
 /* Copy bytes to offset dst_off of peer's window, then update peer's signal
@@ -51,5 +53,11 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
 mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args);
 mc_result_t mc_cpu_combine_recv(mc_a2a_t *a2a, const mc_combine_args_t *args);
 mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask); /* mc_cpu_mask.c */
+/* mc_cpu_dispatch.c: step 1 of the recv half of every layout (the metas,
+ * the slot bases; count: pairs per local expert, if not NULL) */
+mc_result_t mc_cpu_dispatch_metas(mc_a2a_t *a2a, int32_t *count);
+/* mc_cpu_packed.c: the packed layouts' recv half and count step */
+mc_result_t mc_cpu_dispatch_recv_packed(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
+mc_result_t mc_cpu_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream);
 
 #endif

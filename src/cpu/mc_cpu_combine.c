@@ -34,18 +34,24 @@ mc_result_t mc_cpu_combine_send(mc_a2a_t *a2a, const mc_combine_args_t *args) {
 
   for (int p = 0; p < W; p++)
     if (!a2a->masked[p]) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
+  const unsigned char *y = args->expert_y;
   for (int i = 0; i < c->n_route; i++) {
     const mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, i));
     unsigned char *row = win + mc_comb_send_off(s, i);
-    /* element by element the same sum as 0 + w0*y0 + w1*y1 + ..., a row at a time */
-    memset(acc, 0, sizeof(float) * (size_t)H);
-    for (int k = 0; k < r->n_targets; k++) {
-      const mc_target_t *tg = &r->targets[k];
-      mc_row_axpy(acc, tg->weight,
-                  (const unsigned char *)args->expert_y + ((uint64_t)tg->expert * cap + (uint64_t)tg->pos) * row_bytes,
-                  H, in);
+    if (s->layout == MC_LAYOUT_PACKED) { /* the caller's row for the record, weighted and summed already */
+      memcpy(row, y + (uint64_t)r->targets[0].pos * row_bytes, row_bytes);
+    } else {
+      /* element by element the same sum as 0 + w0*y0 + w1*y1 + ..., a row at a time;
+       * a target's row: batched, its expert's slot; sorted, the row itself */
+      memset(acc, 0, sizeof(float) * (size_t)H);
+      for (int k = 0; k < r->n_targets; k++) {
+        const mc_target_t *tg = &r->targets[k];
+        const uint64_t at = s->layout == MC_LAYOUT_BATCHED ? (uint64_t)tg->expert * cap + (uint64_t)tg->pos
+                                                           : (uint64_t)tg->pos;
+        mc_row_axpy(acc, tg->weight, y + at * row_bytes, H, in);
+      }
+      mc_row_store(row, acc, H, in);
     }
-    mc_row_store(row, acc, H, in);
     int first = (r->src_rank / G) * G;
     for (int p = first; p < first + G; p++) {
       mc_cpu_put_signal(a2a, p, mc_comb_recv_off(s, a2a->comm->rank, r->token), row, row_bytes,

@@ -147,12 +147,19 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   /* Meta to every rank, so every receiver knows this round's count from us,
    * zero included, and can compare our inputs' digest with our group's. */
   const uint64_t digest = s->group_size > 1 ? group_digest(args, m_eff, K, ids64(a2a)) : 0;
+  const uint64_t limit = args->recv ? (uint64_t)args->recv->capacity : 0;
   for (int d = 0; d < W; d++) {
     if (a2a->masked[d]) continue;
     uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
     meta[0] = nrec[d];
     memcpy(meta + 1, npos + (int64_t)d * L, sizeof(uint32_t) * (size_t)L);
     memcpy(meta + mc_meta_digest_word(s), &digest, sizeof digest);
+    if (mc_packed_layout(s)) { /* the words every rank's verdict reads (mc_packed_rows) */
+      meta[mc_meta_limit_word(s)] = (uint32_t)limit;
+      meta[mc_meta_limit_word(s) + 1] = (uint32_t)(limit >> 32);
+      memcpy(meta + mc_meta_torank_word(s), nrec, sizeof(uint32_t) * (size_t)W);
+      memcpy(meta + mc_meta_toexpert_word(s), npos, sizeof(uint32_t) * (size_t)s->num_experts);
+    }
     mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
                       MC_SIG_SET);
     a2a->stats.dispatch_records_sent += nrec[d];
@@ -166,43 +173,14 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   mc_cpu_t *c = mc_cpu(a2a);
   const int me = a2a->comm->rank, W = s->world_size, K = s->topk, L = mc_num_local_experts(s);
   const int cap = mc_expert_capacity(s);
-  const uint64_t round = a2a->round;
   unsigned char *win = mc_cpu_mine(a2a);
   uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
   uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
   mc_result_t rc;
+  if (mc_packed_layout(s)) return mc_cpu_dispatch_recv_packed(a2a, args);
 
   /* 1. Every source's meta of this round; slot bases by (source, expert). */
-  for (int l = 0; l < L; l++) args->expert_count[l] = 0;
-  for (int src = 0; src < W; src++) {
-    if (a2a->masked[src]) continue; /* masked: it sends nothing, nothing is awaited */
-    uint64_t got;
-    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_META, src, round, &got))) return rc;
-    if (got != round)
-      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: rank %d sent meta of round %llu in round %llu",
-                     src, (unsigned long long)got, (unsigned long long)round);
-    const uint32_t *meta = (const uint32_t *)(win + mc_disp_meta_off(s, src));
-    for (int l = 0; l < L; l++) {
-      base[src * L + l] = (uint32_t)args->expert_count[l];
-      args->expert_count[l] += (int32_t)meta[1 + l];
-    }
-  }
-  /* The ranks of a group must pass the same m, indices and weights: each
-   * sends its share of the same tokens. Every rank sees every rank's meta,
-   * so every rank finds a disagreement, and none goes on with the round. */
-  for (int src = 0; src < W && s->group_size > 1; src++) {
-    const int first = src / s->group_size * s->group_size;
-    uint64_t d0, d1;
-    memcpy(&d0, (const uint32_t *)(win + mc_disp_meta_off(s, first)) + mc_meta_digest_word(s), sizeof d0);
-    memcpy(&d1, (const uint32_t *)(win + mc_disp_meta_off(s, src)) + mc_meta_digest_word(s), sizeof d1);
-    if (d0 != d1) {
-      a2a->aborted = 1;
-      return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
-                     "mc_dispatch: ranks %d and %d of group %d passed different m, indices or weights (every rank "
-                     "of a group must pass the same); the round cannot finish",
-                     first, src, src / s->group_size);
-    }
-  }
+  if ((rc = mc_cpu_dispatch_metas(a2a, args->expert_count)) != MC_SUCCESS) return rc;
   for (int l = 0; l < L; l++)
     if (args->expert_count[l] > cap)
       return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: local expert %d got %d tokens > capacity %d",
@@ -236,6 +214,52 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
                  rec + mc_record_scale_off(s), s->scale_bytes);
         r->targets[r->n_targets++] = (mc_target_t){l, slot, tg.weight};
       }
+    }
+  }
+  return MC_SUCCESS;
+}
+
+/* Step 1 of every layout's recv half, and mc_dispatch_counts: every
+ * unmasked source's meta of this round; the slot bases by (source, local
+ * expert) into the workspace, and (count, if not NULL) the pairs per local
+ * expert. Then the group digests: the ranks of a group must pass the same
+ * m, indices and weights (each sends its share of the same tokens); every
+ * rank sees every rank's meta, so every rank finds a disagreement, and none
+ * goes on with the round. */
+mc_result_t mc_cpu_dispatch_metas(mc_a2a_t *a2a, int32_t *count) {
+  const mc_shape_t *s = &a2a->shape;
+  const int W = s->world_size, L = mc_num_local_experts(s);
+  const uint64_t round = a2a->round;
+  unsigned char *win = mc_cpu_mine(a2a);
+  uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
+  mc_result_t rc;
+  for (int src = 0; src < W; src++) {
+    if (a2a->masked[src]) continue; /* masked: it sends nothing, nothing is awaited */
+    uint64_t got;
+    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_META, src, round, &got))) return rc;
+    if (got != round)
+      return mc_fail(a2a->err, MC_ERR_INTERNAL, "dispatch recv: rank %d sent meta of round %llu in round %llu",
+                     src, (unsigned long long)got, (unsigned long long)round);
+  }
+  for (int l = 0; l < L; l++) { /* sources ascending: slots ordered by (group, token) */
+    uint32_t run = 0;
+    for (int src = 0; src < W; src++) {
+      base[src * L + l] = run;
+      if (!a2a->masked[src]) run += mc_meta_of(s, win + mc_disp_meta_off(s, 0), src)[1 + l];
+    }
+    if (count) count[l] = (int32_t)run;
+  }
+  for (int src = 0; src < W && s->group_size > 1; src++) {
+    const int first = src / s->group_size * s->group_size;
+    uint64_t d0, d1;
+    memcpy(&d0, (const uint32_t *)(win + mc_disp_meta_off(s, first)) + mc_meta_digest_word(s), sizeof d0);
+    memcpy(&d1, (const uint32_t *)(win + mc_disp_meta_off(s, src)) + mc_meta_digest_word(s), sizeof d1);
+    if (d0 != d1) {
+      a2a->aborted = 1;
+      return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,
+                     "mc_dispatch: ranks %d and %d of group %d passed different m, indices or weights (every rank "
+                     "of a group must pass the same); the round cannot finish",
+                     first, src, src / s->group_size);
     }
   }
   return MC_SUCCESS;

@@ -190,6 +190,8 @@ static void release_all(mc_a2a_t *a2a) {
   free(c->pid);
   free(c->barriers);
   free(c->waits);
+  free(c->lcount);
+  free(c->loff);
   free(c->ws);
   free(c);
   a2a->impl = NULL;
@@ -214,9 +216,11 @@ static mc_result_t cpu_a2a_create(mc_a2a_t *a2a) {
   c->ws = calloc(1, mc_workspace_bytes(s));
   c->barriers = calloc((size_t)W, sizeof *c->barriers);
   c->waits = calloc((size_t)W, sizeof *c->waits);
+  c->lcount = calloc((size_t)mc_num_local_experts(s), sizeof *c->lcount);
+  c->loff = calloc((size_t)mc_num_local_experts(s) + 1, sizeof *c->loff);
   mc_shm_card_t mine, *all = calloc((size_t)W, sizeof mine);
   map_verdict_t verdict = {1, ""}, *verdicts = calloc((size_t)W, sizeof verdict);
-  if (!c->peer || !c->pid || !c->ws || !c->barriers || !c->waits || !all || !verdicts) {
+  if (!c->peer || !c->pid || !c->ws || !c->barriers || !c->waits || !c->lcount || !c->loff || !all || !verdicts) {
     /* without a place to receive, we cannot take part in the exchange; the
      * peers' allgather fails on its own timeout */
     free(all);
@@ -299,6 +303,7 @@ const mc_transport_ops_t mc_cpu_ops = {
     .a2a_destroy = cpu_a2a_destroy,
     .dispatch_send = mc_cpu_dispatch_send,
     .dispatch_recv = mc_cpu_dispatch_recv,
+    .dispatch_counts = mc_cpu_dispatch_counts,
     .combine_send = mc_cpu_combine_send,
     .combine_recv = mc_cpu_combine_recv,
     .barrier = cpu_barrier,

@@ -143,6 +143,25 @@ void mc_ref_dispatch(const mc_case_t *c, const mc_input_t *ins, int rank, int32_
   }
 }
 
+int64_t mc_ref_packed_rows(const mc_case_t *c, const mc_input_t *ins, int rank, int32_t *count) {
+  const int L = mc_ref_local_experts(c), align = c->expert_align > 0 ? c->expert_align : 1;
+  int32_t *n = count ? count : malloc(sizeof(int32_t) * (size_t)L);
+  if (!n) return -1;
+  memset(n, 0, sizeof(int32_t) * (size_t)L);
+  int64_t rows = 0; /* packed: a row per (group, token) with an expert here */
+  for (int g = 0; g < mc_ref_num_groups(c); g++)
+    for (int t = 0; t < ins[g].bound_m && !rank_masked(c, g * c->group_size); t++) {
+      int any = 0;
+      for (int l = 0; l < L; l++)
+        if (token_has(c, &ins[g], t, rank * L + l)) any = 1, n[l]++;
+      rows += any;
+    }
+  if (c->layout == MC_LAYOUT_EXPERT_SORTED) /* each expert's pairs, rounded up */
+    for (int l = rows = 0; l < L; l++) rows += (n[l] + align - 1) / align * align;
+  if (!count) free(n);
+  return rows;
+}
+
 void mc_ref_expert(const mc_case_t *c, int expert, const uint8_t *x, void *y) {
   if (c->expert_identity) {
     memcpy(y, x, (size_t)c->hidden * mc_dtype_size(c->in_dtype));

@@ -28,6 +28,10 @@ typedef struct mc_case {
   int expert_identity; /* 1: tokens are hidden values in in_dtype and every expert returns its
                           input unchanged (a device copy can stand in for the experts) */
   int quant;          /* MC_REF_QUANT_*: dispatch quantises bf16 rows (MC_INPUT_BF16_TO_E4M3) */
+  int layout;         /* MC_LAYOUT_*: the receive layout (mc_dispatch_packed where not batched) */
+  int expert_align;   /* MC_LAYOUT_EXPERT_SORTED: each expert's rows from a multiple of it (0: 1) */
+  int64_t declare;    /* packed layouts: the capacity each send half declares: 0 none (the count step
+                         sizes the recv buffers), -1 the harness's buffers (never exceeded), else rows */
   uint64_t masked;    /* bit r: rank r masked (mc_a2a_mask_ranks; groups of one, world_size <= 64): its
                          tokens are not sent and its experts drop out of every token */
 } mc_case_t;
@@ -64,6 +68,12 @@ void mc_ref_input_free(mc_input_t *in);
  * entry per group. */
 void mc_ref_dispatch(const mc_case_t *c, const mc_input_t *ins, int rank, int32_t *count, int32_t *src_group,
                      int32_t *src_token);
+
+/* The packed layouts (case.layout): the rows rank `rank` receives, packed
+ * one per (group, token) with an expert there, expert-sorted each local
+ * expert's pairs rounded up to expert_align; count[L] (if not NULL) gets
+ * the pairs per local expert. */
+int64_t mc_ref_packed_rows(const mc_case_t *c, const mc_input_t *ins, int rank, int32_t *count);
 
 /* The fake expert used by tests and the benchmark: row y (hidden elements in
  * in_dtype) from expert `expert` (global id) applied to one token's bytes. */

@@ -25,6 +25,7 @@ void mc_rr_free_bufs(bufs_t *b, int groups) {
   for (int g = 0; b->ins && g < groups; g++)
     mc_ref_input_free(&b->ins[g]);
   free(b->ins);
+  mc_rr_packed_free(b);
 }
 
 static void *xmalloc(size_t n) { return malloc(n ? n : 1); }
@@ -64,6 +65,7 @@ int mc_rr_alloc_bufs(const mc_case_t *c, bufs_t *b) {
   b->ideal = xmalloc(CHECK_ROWS * H * sizeof(double));
   b->absum = xmalloc(CHECK_ROWS * H * sizeof(double));
   b->ins = calloc((size_t)mc_ref_num_groups(c), sizeof(mc_input_t));
+  if (c->layout != MC_LAYOUT_BATCHED && mc_rr_packed_alloc(c, b) != 0) return -1;
   return b->x && (b->xs || !c->scale_bytes) && b->y && b->out && b->count && b->ref_count && b->src_g && b->src_t &&
                  b->ref_out && b->ideal && b->absum && b->ins
              ? 0
@@ -218,7 +220,8 @@ uint64_t mc_run_gpu_bytes(const mc_case_t *c, const mc_run_opts_t *o, uint64_t *
   uint64_t mine = 0;
   for (int i = 0; i < n; i++) mine += l[i].n;
   const mc_shape_t sh = mc_shape_make(c->world_size, c->group_size, c->num_experts, c->topk, c->max_tokens, c->hidden,
-                                      c->token_bytes, c->scale_bytes, mc_dtype_size(c->in_dtype));
+                                      c->token_bytes, c->scale_bytes, mc_dtype_size(c->in_dtype), c->layout,
+                                      c->expert_align > 0 ? c->expert_align : 1);
   const int handles = o->handles > 0 ? (o->handles < 64 ? o->handles : 64) : 1; /* as mc_run makes them */
   *library = (mc_window_bytes(&sh) + mc_workspace_bytes(&sh)) * (uint64_t)handles;
   return mine + *library;

@@ -122,6 +122,8 @@ static int rank_setup(rank_st_t *st) {
   ac.index_dtype = o->ids64 ? MC_INDEX_INT64 : MC_INDEX_INT32;
   ac.dispatch_input = c->quant && !o->quant_apart ? MC_INPUT_BF16_TO_E4M3 : MC_INPUT_BYTES;
   ac.scale_format = c->quant == MC_REF_QUANT_UE8M0 ? MC_SCALE_UE8M0 : MC_SCALE_FP32;
+  ac.recv_layout = (mc_recv_layout_t)c->layout;
+  ac.expert_align = c->expert_align > 0 ? c->expert_align : 1;
   for (int h = 0; h < st->nh; h++) API(st, mc_a2a_create(st->comm, &ac, &st->hs[h]));
   st->obytes = (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype);
   return 0;
@@ -133,7 +135,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
   const mc_case_t *c = st->c;
   const int G = c->group_size;
   for (int g = 0; g < mc_ref_num_groups(c); g++) {
-    if (!check && g != st->rank / G) continue;
+    if (!check && c->layout == MC_LAYOUT_BATCHED && g != st->rank / G) continue; /* packed: the verdict needs all */
     mc_ref_input_free(&st->b.ins[g]);
     if (mc_ref_input(c, st->round, g, &st->b.ins[g]) != 0) {
       mc_rr_fail(st->me, 0, "rank %d: out of host memory for inputs", st->rank);
@@ -148,6 +150,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
     return -1;
   }
+  if (check && c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_poison(c, &st->b, st->rank);
   if (check && mc_rr_poison_outputs(c, &st->b, &st->d, st->rank) != 0) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: poisoning outputs failed", (unsigned long long)st->round, st->rank);
     return -1;
@@ -166,9 +169,75 @@ static int round_barrier(rank_st_t *st) {
   return 0;
 }
 
+/* The packed layouts' dispatch, between marks 0-3: with a declared
+ * capacity (one call or two halves), or the count step between the halves
+ * with the buffers sized from it (a recv half given one row too few must be
+ * refused first, changing nothing). A round the reference says overflows a
+ * rank's declared capacity must fail on every rank with MC_ERR_CAPACITY
+ * naming the lowest such rank: 1 then (the round is over), 0 when done,
+ * -1 on a failure (recorded). */
+static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
+  const mc_case_t *c = st->c;
+  bufs_t *b = &st->b;
+  const int64_t declared = c->declare < 0 ? b->prow_max : c->declare;
+  mc_packed_recv_t r = {sizeof r, declared, b->px,   b->pxs,  b->pre,
+                        b->prw,   b->pcnt,  b->poff, b->psrc, &b->prows};
+  int over = -1;
+  int64_t over_rows = 0;
+  for (int q = 0; q < c->world_size && declared > 0 && over < 0; q++)
+    if ((over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > declared) over = q;
+#define PACKED(recv, flags)                                                                                            \
+  mc_dispatch_packed(st->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, recv, flags,             \
+                     mc_dev_stream())
+  mc_result_t rc;
+  mc_dev_mark(st->gpu, 0);
+  if (declared > 0 && one_call) {
+    rc = PACKED(&r, MC_SEND_RECV);
+  } else {
+    API(st, PACKED(declared > 0 ? &r : NULL, MC_SEND));
+    mc_dev_mark(st->gpu, 1);
+    if (declared == 0) {
+      int64_t rows = -1;
+      API(st, mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream()));
+      const int64_t want = mc_ref_packed_rows(c, b->ins, st->rank, NULL);
+      if (rows != want) {
+        mc_rr_fail(st->me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows, reference %lld",
+                   (unsigned long long)st->round, st->rank, (long long)rows, (long long)want);
+        return -1;
+      }
+      r.capacity = rows - 1;
+      if (rows > 0 && (rc = PACKED(&r, MC_RECV)) != MC_ERR_INVALID_ARG) {
+        mc_rr_fail(st->me, rc, "round %llu rank %d: a recv half with capacity %lld for %lld rows returned %s",
+                   (unsigned long long)st->round, st->rank, (long long)r.capacity, (long long)rows,
+                   mc_result_string(rc));
+        return -1;
+      }
+      r.capacity = rows;
+    }
+    mc_dev_mark(st->gpu, 2);
+    rc = PACKED(&r, MC_RECV);
+  }
+  mc_dev_mark(st->gpu, 3);
+#undef PACKED
+  if (over >= 0) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d receives %lld rows", over, (long long)over_rows);
+    if (rc != MC_ERR_CAPACITY || !strstr(mc_a2a_last_error(st->a2a), want)) {
+      mc_rr_fail(st->me, rc, "round %llu rank %d: rank %d receives %lld rows over the %lld declared: wanted "
+                 "MC_ERR_CAPACITY naming it, got %s: %s", (unsigned long long)st->round, st->rank, over,
+                 (long long)over_rows, (long long)declared, mc_result_string(rc), mc_a2a_last_error(st->a2a));
+      return -1;
+    }
+    return 1;
+  }
+  API(st, rc);
+  return 0;
+}
+
 /* Dispatch as one call or two halves, between marks 0-3. */
 static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
   dbufs_t *d = &st->d;
+  if (st->c->layout != MC_LAYOUT_BATCHED) return round_dispatch_packed(st, ci, m, one_call);
   const void *tokens = ci->tokens, *scales = ci->scales;
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(st->a2a, tokens, scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,          \
@@ -208,27 +277,31 @@ static int round_experts(rank_st_t *st, int check) {
                st->rank);
     return -1;
   }
+  if (c->layout != MC_LAYOUT_BATCHED && mc_rr_packed_unpack(c, b, st->rank, st->round, check, st->me) != 0)
+    return -1;
   if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
   if (mc_rr_experts_roundtrip(c, b, d, st->rank)) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)st->round,
                st->rank);
     return -1;
   }
+  if (c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_rows_y(c, b);
   return 0;
 }
 
 /* Combine as one call or two halves, between marks 4-7. */
 static int round_combine(rank_st_t *st, int one_call) {
   dbufs_t *d = &st->d;
+  const void *y = st->c->layout != MC_LAYOUT_BATCHED ? (const void *)st->b.py : d->y;
   mc_dev_mark(st->gpu, 4);
   if (one_call) {
-    API(st, mc_combine(st->a2a, d->y, d->out, MC_SEND_RECV, mc_dev_stream()));
+    API(st, mc_combine(st->a2a, y, d->out, MC_SEND_RECV, mc_dev_stream()));
   } else {
-    API(st, mc_combine(st->a2a, d->y, d->out, MC_SEND, mc_dev_stream()));
+    API(st, mc_combine(st->a2a, y, d->out, MC_SEND, mc_dev_stream()));
     mc_dev_mark(st->gpu, 5);
     if (st->o->split) mc_dev_busy(st->gpu, d->scratch, 16u << 20);
     mc_dev_mark(st->gpu, 6);
-    API(st, mc_combine(st->a2a, d->y, d->out, MC_RECV, mc_dev_stream()));
+    API(st, mc_combine(st->a2a, y, d->out, MC_RECV, mc_dev_stream()));
   }
   mc_dev_mark(st->gpu, 7);
   mc_dev_sync(st->gpu);
@@ -293,7 +366,9 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
    * round, 2 every other round (tests: both paths, and the switch
    * between them), 0 never; split always calls the halves */
   const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
-  if (round_dispatch(st, ci, in->m, one_call) != 0) return -1;
+  const int dropped = round_dispatch(st, ci, in->m, one_call);
+  if (dropped < 0) return -1;
+  if (dropped) return 0; /* every rank refused it alike (MC_ERR_CAPACITY): dispatch is next */
   if ((check || !st->gpu) && round_experts(st, check) != 0) return -1;
   if (stall_here) { /* stall_in_combine: its peers have its records, not its rows */
     if (o->processes) raise(SIGKILL);

@@ -1,0 +1,222 @@
+/* mc_ref_packed.c - the packed receive layouts in the harness (case.layout
+ * MC_LAYOUT_PACKED or MC_LAYOUT_EXPERT_SORTED).
+ *
+ * What only these layouts have is checked here: the rows and their order,
+ * each row's local experts and weights, the offsets, the rows per source,
+ * the padding, and nothing written past the rows. Then the rows go back
+ * into the batched layout's slots (an expert's slots are in (group, token)
+ * order, as the rows are), so that the batched layout's checks and fake
+ * experts serve every layout; and the experts' outputs come back as the
+ * rows combine takes: expert-sorted, each row's own expert's output;
+ * packed, the engine's sum over the row's experts, weighted, in the order
+ * and rounding combine uses for the batched layout, so the combined output
+ * matches the batched reference bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mc_dtype.h"
+#include "mc_ref_rank.h"
+
+static int sorted(const mc_case_t *c) { return c->layout == MC_LAYOUT_EXPERT_SORTED; }
+static int align_of(const mc_case_t *c) { return c->expert_align > 0 ? c->expert_align : 1; }
+/* row_expert and row_weight entries per row */
+static int cols(const mc_case_t *c) { return sorted(c) ? 1 : c->topk; }
+
+/* The most rows a round can bring, and a band past them for the poison. */
+static int64_t max_rows(const mc_case_t *c) {
+  const int64_t L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), K = c->topk;
+  return sorted(c) ? cap * (K < L ? K : L) + L * (align_of(c) - 1) : cap;
+}
+
+int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b) {
+  const int64_t rows = max_rows(c) + POISON_BAND, L = mc_ref_local_experts(c);
+  const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
+  b->prow_max = max_rows(c);
+  b->px = aligned_alloc(64, mc_align_up((uint64_t)rows * c->token_bytes, 64));
+  b->pxs = c->scale_bytes ? malloc((size_t)rows * c->scale_bytes) : NULL;
+  b->py = aligned_alloc(64, mc_align_up((uint64_t)rows * yrow, 64));
+  b->pre = malloc(sizeof(int32_t) * (size_t)(rows * cols(c)));
+  b->prw = malloc(sizeof(float) * (size_t)(rows * cols(c)));
+  b->pcnt = malloc(sizeof(int32_t) * (size_t)L);
+  b->poff = malloc(sizeof(int32_t) * (size_t)(L + 1));
+  b->psrc = malloc(sizeof(int32_t) * (size_t)c->world_size);
+  return b->px && (b->pxs || !c->scale_bytes) && b->py && b->pre && b->prw && b->pcnt && b->poff && b->psrc ? 0 : -1;
+}
+
+void mc_rr_packed_free(bufs_t *b) {
+  free(b->px), free(b->pxs), free(b->py), free(b->pre), free(b->prw);
+  free(b->pcnt), free(b->poff), free(b->psrc);
+}
+
+/* Before a round: the rows it will write and a band past them, and every
+ * count, hold poison. */
+void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank) {
+  const int64_t want = mc_ref_packed_rows(c, b->ins, rank, NULL);
+  const int64_t n = want + POISON_BAND < b->prow_max + POISON_BAND ? want + POISON_BAND : b->prow_max + POISON_BAND;
+  const int L = mc_ref_local_experts(c);
+  memset(b->px, POISON_X, (size_t)n * c->token_bytes);
+  if (b->pxs) memset(b->pxs, POISON_X, (size_t)n * c->scale_bytes);
+  memset(b->pre, 0x5A, sizeof(int32_t) * (size_t)(n * cols(c)));
+  memset(b->prw, 0x5A, sizeof(float) * (size_t)(n * cols(c)));
+  memset(b->pcnt, 0xF9, sizeof(int32_t) * (size_t)L);
+  memset(b->poff, 0xF9, sizeof(int32_t) * (size_t)(L + 1));
+  memset(b->psrc, 0xF9, sizeof(int32_t) * (size_t)c->world_size);
+  b->prows = -7;
+}
+
+static int all_bytes(const void *p, size_t n, uint8_t v) {
+  const uint8_t *q = p;
+  for (size_t i = 0; i < n; i++)
+    if (q[i] != v) return 0;
+  return 1;
+}
+
+/* The weight of (group g, token t) for global expert e, as dispatch sends it. */
+static float weight_of(const mc_case_t *c, const mc_input_t *in, int t, int e) {
+  for (int k = 0; k < c->topk; k++)
+    if (in->indices[(size_t)t * c->topk + k] == e) return in->weights ? in->weights[(size_t)t * c->topk + k] : 1.0f;
+  return -1.0f;
+}
+
+/* The rank of group g that sends token t (a group's members send contiguous chunks). */
+static int sender_of(const mc_case_t *c, const mc_input_t *in, int g, int t) {
+  const int chunk = (in->bound_m + c->group_size - 1) / c->group_size;
+  return g * c->group_size + t / chunk;
+}
+
+#define FAIL(...)                                                                                                      \
+  do {                                                                                                                 \
+    mc_rr_fail(me, 0, __VA_ARGS__);                                                                                    \
+    return -1;                                                                                                         \
+  } while (0)
+
+int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, int check, mc_run_rank_t *me) {
+  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), K = cols(c), W = c->world_size;
+  const unsigned long long rd = (unsigned long long)round;
+  const int64_t rows = b->prows;
+  int32_t *src = calloc((size_t)W, sizeof *src);
+  if (!src) FAIL("round %llu rank %d: out of host memory", rd, rank);
+  const int32_t *cnt = check ? b->ref_count : b->pcnt; /* each expert's rows: the reference's where checked */
+  int bad = 0;
+  if (check) {
+    const int64_t want = mc_ref_packed_rows(c, b->ins, rank, NULL);
+    if (rows != want) FAIL("round %llu rank %d: recv->rows=%lld, reference %lld", rd, rank, (long long)rows, (long long)want);
+  }
+  /* row r of expert l's slot: packed, by the order of the rows; sorted, from the offsets */
+  for (int l = 0; l < L; l++) b->count[l] = 0;
+  int64_t expect_off = 0;
+  for (int l = 0; sorted(c) && l <= L && !bad; l++) {
+    if (check && b->poff[l] != expect_off) {
+      mc_rr_fail(me, 0, "round %llu rank %d: expert_offset[%d]=%d, reference %lld", rd, rank, l, b->poff[l],
+                 (long long)expect_off);
+      bad = 1;
+    }
+    if (l < L) expect_off += (b->ref_count[l] + align_of(c) - 1) / align_of(c) * align_of(c);
+  }
+  int prev_g = -1, prev_t = -1;
+  for (int64_t r = 0; r < rows && !bad; r++) {
+    int g = -1, t = -1, n = 0;
+    for (int j = 0; j < K && !bad; j++) {
+      const int l = b->pre[r * K + j];
+      const float w = b->prw[r * K + j];
+      if (l < 0) {
+        if (check && (l != -1 || w != 0.0f || (!sorted(c) && j == 0))) {
+          mc_rr_fail(me, 0, "round %llu rank %d: row %lld column %d: expert %d weight %g (want -1 and 0 after the "
+                     "row's experts)", rd, rank, (long long)r, j, l, (double)w);
+          bad = 1;
+        }
+        continue;
+      }
+      if (l >= L || (j > 0 && l <= b->pre[r * K + j - 1]) ||
+          (sorted(c) && !(r >= b->poff[l] && r < b->poff[l] + cnt[l]))) {
+        mc_rr_fail(me, 0, "round %llu rank %d: row %lld column %d names local expert %d (out of order or range)", rd,
+                   rank, (long long)r, j, l);
+        bad = 1;
+        continue;
+      }
+      const int slot = sorted(c) ? (int)(r - b->poff[l]) : b->count[l];
+      if (slot >= cnt[l]) {
+        mc_rr_fail(me, 0, "round %llu rank %d: expert %d gets more than its %d rows", rd, rank, l, cnt[l]);
+        bad = 1;
+        continue;
+      }
+      b->count[l] = slot + 1 > b->count[l] ? slot + 1 : b->count[l];
+      const size_t at = (size_t)l * cap + (size_t)slot;
+      /* one row, one token: every expert of a packed row names the same (group, token) */
+      if (n++ == 0 && check) g = b->src_g[at], t = b->src_t[at];
+      if (check && (b->src_g[at] != g || b->src_t[at] != t || w != weight_of(c, &b->ins[g], t, rank * L + l))) {
+        mc_rr_fail(me, 0, "round %llu rank %d: row %lld column %d: expert %d weight %g, reference token %d of group "
+                   "%d weight %g", rd, rank, (long long)r, j, l, (double)w, b->src_t[at], b->src_g[at],
+                   (double)weight_of(c, &b->ins[b->src_g[at]], b->src_t[at], rank * L + l));
+        bad = 1;
+        continue;
+      }
+      memcpy(b->x + at * c->token_bytes, b->px + (size_t)r * c->token_bytes, c->token_bytes);
+      if (b->xs) memcpy(b->xs + at * c->scale_bytes, b->pxs + (size_t)r * c->scale_bytes, c->scale_bytes);
+    }
+    if (n == 0 || !check) continue; /* padding (sorted), checked above */
+    if (check && !sorted(c) && (g < prev_g || (g == prev_g && t <= prev_t))) {
+      mc_rr_fail(me, 0, "round %llu rank %d: row %lld holds token %d of group %d after token %d of group %d", rd, rank,
+                 (long long)r, t, g, prev_t, prev_g);
+      bad = 1;
+    }
+    prev_g = g, prev_t = t;
+    src[sender_of(c, &b->ins[g], g, t)] += sorted(c) ? n : 1;
+  }
+  if (check && !bad) {
+    for (int l = 0; l < L && !bad; l++)
+      if (b->pcnt[l] != b->ref_count[l] || b->count[l] != b->ref_count[l]) {
+        mc_rr_fail(me, 0, "round %llu rank %d: expert %d: expert_count %d, rows %d, reference %d", rd, rank, l,
+                   b->pcnt[l], b->count[l], b->ref_count[l]);
+        bad = 1;
+      }
+    for (int s = 0; s < W && !bad; s++)
+      if (b->psrc[s] != src[s]) {
+        mc_rr_fail(me, 0, "round %llu rank %d: src_count[%d]=%d, the rows hold %d from it", rd, rank, s, b->psrc[s],
+                   src[s]);
+        bad = 1;
+      }
+    for (int l = 0; !sorted(c) && l <= L && !bad; l++) /* packed: the prefix sums of expert_count */
+      if (b->poff[l] != (l ? b->poff[l - 1] + b->pcnt[l - 1] : 0)) {
+        mc_rr_fail(me, 0, "round %llu rank %d: expert_offset[%d]=%d is not the sum of the counts before", rd, rank, l,
+                   b->poff[l]);
+        bad = 1;
+      }
+    for (int64_t r = rows; r < rows + POISON_BAND && r < b->prow_max + POISON_BAND && !bad; r++)
+      if (!all_bytes(b->px + (size_t)r * c->token_bytes, c->token_bytes, POISON_X) ||
+          (b->pxs && !all_bytes(b->pxs + (size_t)r * c->scale_bytes, c->scale_bytes, POISON_X)) ||
+          !all_bytes(b->pre + r * K, sizeof(int32_t) * (size_t)K, 0x5A)) {
+        mc_rr_fail(me, 0, "round %llu rank %d: row %lld past the %lld rows was written", rd, rank, (long long)r,
+                   (long long)rows);
+        bad = 1;
+      }
+  }
+  free(src);
+  return bad ? -1 : 0;
+}
+
+void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b) {
+  const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c), K = cols(c), H = c->hidden;
+  const size_t yrow = (size_t)H * mc_dtype_size(c->in_dtype);
+  int32_t *next = calloc((size_t)L, sizeof *next);
+  float *acc = malloc(sizeof(float) * (size_t)H);
+  if (!next || !acc) abort();
+  for (int64_t r = 0; r < b->prows; r++) {
+    uint8_t *y = b->py + (size_t)r * yrow;
+    memset(acc, 0, sizeof(float) * (size_t)H);
+    int n = 0;
+    for (int j = 0; j < K; j++) {
+      const int l = b->pre[r * K + j];
+      if (l < 0) continue;
+      const int slot = sorted(c) ? (int)(r - b->poff[l]) : next[l]++;
+      const uint8_t *ey = b->y + ((size_t)l * cap + (size_t)slot) * yrow;
+      if (sorted(c)) memcpy(y, ey, yrow); /* combine weights and sums these */
+      else mc_row_axpy(acc, b->prw[r * K + j], ey, H, c->in_dtype);
+      n++;
+    }
+    if (n == 0) memset(y, POISON_OUT, yrow); /* padding: a combine that read it would sum NaN */
+    else if (!sorted(c)) mc_row_store(y, acc, H, c->in_dtype);
+  }
+  free(next);
+  free(acc);
+}
