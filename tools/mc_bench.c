@@ -118,6 +118,14 @@ static void summarize(const bench_args_t *a, const mc_run_result_t *res, int fai
 static const char *row_names[N_ROWS] = {"dispatch send", "dispatch recv", "combine send",
                                         "combine recv",  "dispatch",      "combine"};
 
+/* A packed layout's row in the caller's buffers: the token and its scales, the
+ * row's experts and weights, and the row combine reads back. */
+static size_t packed_row_bytes(const mc_case_t *c) {
+  const size_t cols = c->layout == MC_LAYOUT_EXPERT_SORTED ? 1 : (size_t)c->topk;
+  return c->token_bytes + c->scale_bytes + cols * (sizeof(int32_t) + sizeof(float)) +
+         (size_t)c->hidden * mc_dtype_size(c->in_dtype);
+}
+
 static void print_json(int argc, char **argv, const bench_args_t *a, const mc_run_result_t *res, const bench_sum_t *m) {
   const mc_case_t *c = &a->c;
   const mc_run_opts_t *o = &a->o;
@@ -162,6 +170,21 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
   /* bytes this rank sent per round over the median time of the phase pair */
   printf(" \"GBps_per_rank\": {\"dispatch\": %.2f, \"combine\": %.2f},\n", m->disp / m->med[MC_PH_COUNT] / 1e3,
          m->comb / m->med[MC_PH_COUNT + 1] / 1e3);
+  if (c->layout != MC_LAYOUT_BATCHED) {
+    printf(" \"rounds_dropped\": %llu,\n", (unsigned long long)res->ranks[0].dropped);
+    /* the caller's buffers: the rows given to the recv half, against the rows that arrived */
+    int64_t rows = 0, given = 0;
+    for (int r = 0; r < W; r++) {
+      if (res->ranks[r].recv_rows_max > rows) rows = res->ranks[r].recv_rows_max;
+      if (res->ranks[r].recv_capacity_max > given) given = res->ranks[r].recv_capacity_max;
+    }
+    const double row = (double)packed_row_bytes(c), L = c->num_experts / W;
+    printf(" \"packed\": {\"layout\": \"%s\", \"align\": %d, \"declared\": %lld, \"rows_max\": %lld, "
+           "\"rows_given_max\": %lld, \"row_bytes\": %.0f, \"caller_bytes\": %.0f, \"caller_bytes_batched\": %.0f},\n",
+           c->layout == MC_LAYOUT_PACKED ? "packed" : "sorted", c->expert_align > 0 ? c->expert_align : 1,
+           (long long)c->declare, (long long)rows, (long long)given, row, row * (double)given,
+           L * mc_ref_capacity(c) * (double)(c->token_bytes + c->scale_bytes + (size_t)c->hidden * mc_dtype_size(c->in_dtype)));
+  }
   printf(" \"buffer_bytes_per_rank\": %llu, \"max_rel_err_vs_ideal\": %.3g, \"failed_ranks\": %d, \"verdict\": \"%s\"",
          (unsigned long long)m->buffer, m->max_err, m->failed, m->verdict);
   if (m->failed) printf(", \"first_failure\": \"%s\"", mc_run_first_failure(res));
@@ -205,6 +228,19 @@ static void print_table(const bench_args_t *a, const mc_run_result_t *res, const
   }
   printf("  receive buffers per rank      %10llu B (%.1f MiB)\n", (unsigned long long)m->buffer,
          (double)m->buffer / 1048576.0);
+  if (c->layout != MC_LAYOUT_BATCHED) {
+    int64_t rows = 0, given = 0;
+    for (int r = 0; r < W; r++) {
+      if (res->ranks[r].recv_rows_max > rows) rows = res->ranks[r].recv_rows_max;
+      if (res->ranks[r].recv_capacity_max > given) given = res->ranks[r].recv_capacity_max;
+    }
+    const double row = (double)packed_row_bytes(c), L = c->num_experts / W;
+    printf("  caller's buffers (%s)     %lld rows given for at most %lld arriving: %.1f MiB, batched %.1f MiB\n",
+           c->layout == MC_LAYOUT_PACKED ? "packed" : "sorted", (long long)given, (long long)rows,
+           row * (double)given / 1048576.0,
+           L * mc_ref_capacity(c) * (double)(c->token_bytes + c->scale_bytes + (size_t)c->hidden * mc_dtype_size(c->in_dtype)) /
+               1048576.0);
+  }
   if (o->check)
     printf("  combine error vs exact sum    %.3g of sum|w*y| (tolerance %.3g)\n", m->max_err, mc_ref_tolerance(c));
   printf("\n  verdict: %s", m->verdict);
@@ -221,6 +257,9 @@ static int never_started(const mc_run_result_t *res) {
     if (res->ranks[r].stats.rounds > 0) return 0;
   for (int r = 0; r < res->world_size; r++)
     if (res->ranks[r].failed) return res->ranks[r].api_rc == MC_ERR_INVALID_ARG ? 2 : 1;
+  if (res->ranks[0].dropped)
+    fprintf(stderr, "mc-bench: every round brought some rank more rows than --capacity: each failed with "
+                    "MC_ERR_CAPACITY on every rank, as it must\n");
   return 1;
 }
 

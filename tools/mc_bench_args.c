@@ -68,6 +68,13 @@ static void usage(FILE *f) {
       "      --quantise-apart  with --quantise: a kernel of its own quantises the rows before a\n"
       "                        dispatch of e4m3 bytes, timed with it (what quantising in\n"
       "                        dispatch saves)\n"
+      "      --layout L        the receive layout: batched, packed (a row per (token, rank)) or\n"
+      "                        sorted (a row per (token, local expert), each expert's rows aligned)\n"
+      "                        [batched]\n"
+      "      --align A         sorted: each expert's rows start at a multiple of A, 1..1024  [1]\n"
+      "      --capacity C      packed or sorted: rows each send half declares (a round that brings\n"
+      "                        more fails on every rank); 0: mc_dispatch_counts between the halves\n"
+      "                        sizes the buffers [0]\n"
       "      --no-check        skip the reference comparison (timing only)\n"
       "      --json            one JSON object on stdout instead of the table\n"
       "      --sizes           print, as JSON, the buffer bytes per rank this shape needs at\n"
@@ -149,7 +156,7 @@ static int parse(int argc, char **argv, bench_args_t *a, FILE *out, FILE *err) {
   int token_bytes_set = 0, scale_bytes_set = 0, timeout_set = 0;
   enum { O_HIDDEN = 256, O_TB, O_SB, O_IN, O_OUT, O_PROC, O_SPLIT, O_NOCHECK, O_JSON, O_TRANSPORT, O_CHECKFIRST,
          O_NODENSE, O_SIZES, O_NCCL, O_GRAPH, O_WHOLE, O_THREADS, O_FLOOR, O_IDS64, O_QUANT, O_QAPART, O_MAXTOK,
-         O_BOUND, O_TIMEOUT };
+         O_BOUND, O_TIMEOUT, O_LAYOUT, O_ALIGN, O_CAPACITY };
   static const struct option longs[] = {
       {"ranks", 1, 0, 'n'},       {"group-size", 1, 0, 'g'}, {"tokens", 1, 0, 't'},   {"experts", 1, 0, 'e'},
       {"topk", 1, 0, 'k'},        {"hidden", 1, 0, O_HIDDEN}, {"token-bytes", 1, 0, O_TB},
@@ -161,7 +168,8 @@ static int parse(int argc, char **argv, bench_args_t *a, FILE *out, FILE *err) {
       {"graph", 0, 0, O_GRAPH},   {"whole", 0, 0, O_WHOLE},
       {"floor", 0, 0, O_FLOOR},   {"int64-ids", 0, 0, O_IDS64}, {"quantise", 1, 0, O_QUANT},
       {"quantise-apart", 0, 0, O_QAPART}, {"max-tokens", 1, 0, O_MAXTOK}, {"bound-m", 0, 0, O_BOUND},
-      {"timeout", 1, 0, O_TIMEOUT}, {0, 0, 0, 0}};
+      {"timeout", 1, 0, O_TIMEOUT}, {"layout", 1, 0, O_LAYOUT}, {"align", 1, 0, O_ALIGN},
+      {"capacity", 1, 0, O_CAPACITY}, {0, 0, 0, 0}};
   int ch, rc = 0;
   unsigned long long seed;
   optind = 0; /* a fresh scan (glibc), also when called again */
@@ -204,6 +212,16 @@ static int parse(int argc, char **argv, bench_args_t *a, FILE *out, FILE *err) {
       else return fprintf(err, "mc-bench: --quantise '%s': fp32 or ue8m0\n", optarg), 2;
       break;
     case O_QAPART: o->quant_apart = 1; break;
+    case O_LAYOUT:
+      if (!strcmp(optarg, "batched")) c->layout = MC_LAYOUT_BATCHED;
+      else if (!strcmp(optarg, "packed")) c->layout = MC_LAYOUT_PACKED;
+      else if (!strcmp(optarg, "sorted")) c->layout = MC_LAYOUT_EXPERT_SORTED;
+      else return fprintf(err, "mc-bench: --layout '%s': batched, packed or sorted\n", optarg), 2;
+      break;
+    case O_ALIGN: rc = number_int(err, "--align", optarg, 1, 1024, &c->expert_align); break;
+    case O_CAPACITY:
+      if (!(rc = number(err, "--capacity", optarg, 0, (1ull << 40), &seed))) c->declare = (int64_t)seed;
+      break;
     case O_NOCHECK: o->check = 0; break;
     case O_JSON: a->json = 1; break;
     case O_TRANSPORT:
@@ -262,6 +280,13 @@ static int settle(bench_args_t *a, FILE *err) {
       return fprintf(err, "mc-bench: %s: a GPU timing mode (--transport nvshmem or p2p)\n", gpu_modes[i].name), 2;
   if (o->quant_apart && !c->quant) return fprintf(err, "mc-bench: --quantise-apart: needs --quantise\n"), 2;
   if (o->quant_apart && o->graph_timed) return fprintf(err, "mc-bench: --quantise-apart: not with --graph\n"), 2;
+  if (c->expert_align > 1 && c->layout != MC_LAYOUT_EXPERT_SORTED)
+    return fprintf(err, "mc-bench: --align %d: only with --layout sorted\n", c->expert_align), 2;
+  if (c->declare && c->layout == MC_LAYOUT_BATCHED)
+    return fprintf(err, "mc-bench: --capacity: only with --layout packed or sorted\n"), 2;
+  if (c->layout != MC_LAYOUT_BATCHED && (o->graph_timed || o->floor || c->bound_fixed))
+    return fprintf(err, "mc-bench: --layout %s: not with --graph, --floor or --bound-m (the count step synchronises "
+                   "the host)\n", c->layout == MC_LAYOUT_PACKED ? "packed" : "sorted"), 2;
   if (a->sizes_only) return -1;
   const int gpu = o->transport == MC_TRANSPORT_NVSHMEM || o->transport == MC_TRANSPORT_P2P;
   if (o->transport == MC_TRANSPORT_P2P) a->dense = 0; /* the dense baselines are NVSHMEM's and NCCL's: run those */

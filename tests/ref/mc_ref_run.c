@@ -228,9 +228,12 @@ static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int 
                  (long long)over_rows, (long long)declared, mc_result_string(rc), mc_a2a_last_error(st->a2a));
       return -1;
     }
+    st->me->dropped++;
     return 1;
   }
   API(st, rc);
+  if (b->prows > st->me->recv_rows_max) st->me->recv_rows_max = b->prows;
+  if (r.capacity > st->me->recv_capacity_max) st->me->recv_capacity_max = r.capacity;
   return 0;
 }
 

@@ -66,6 +66,10 @@ typedef struct mc_run_rank {
   int transport;          /* mc_comm_transport() of this rank's communicator (-1: none made) */
   uint64_t touched_bytes; /* host pages of expert_x, expert_scale and expert_y in memory at the end */
   int signal;             /* processes: the signal that ended this rank's process (0: none) */
+  int64_t recv_rows_max;  /* packed layouts: the most rows one round brought this rank */
+  int64_t recv_capacity_max; /* packed layouts: the most rows a recv half's buffers were given for */
+  uint64_t dropped;       /* packed layouts: rounds that exceeded a declared capacity (MC_ERR_CAPACITY, as
+                             the reference said they would) */
 } mc_run_rank_t;
 
 typedef struct mc_run_result {
