@@ -4,7 +4,7 @@ from ._arrays import empty_aligned
 from .a2a import AllToAll
 from .bootstrap import PyAllgather, SocketGroup, ThreadsGroup, torch_allgather, unique_id
 from .comm import Communicator
-from .errors import MoecommError, MoecommInvalid, MoecommTimeout, last_error, result_string
+from .errors import MoecommCapacity, MoecommError, MoecommInvalid, MoecommTimeout, last_error, result_string
 from .layer import MoELayer
 
 SEND, RECV, SEND_RECV = capi.SEND, capi.RECV, capi.SEND_RECV
@@ -24,5 +24,5 @@ def dtype_size(dtype):
 
 
 __all__ = ["AllToAll", "MoELayer", "Communicator", "ThreadsGroup", "SocketGroup", "PyAllgather", "unique_id",
-           "torch_allgather", "MoecommError", "MoecommInvalid", "MoecommTimeout", "result_string",
-           "last_error", "empty_aligned", "version", "dtype_size", "capi", "SEND", "RECV", "SEND_RECV"]
+           "torch_allgather", "MoecommError", "MoecommInvalid", "MoecommTimeout", "MoecommCapacity",
+           "result_string", "last_error", "empty_aligned", "version", "dtype_size", "capi", "SEND", "RECV", "SEND_RECV"]
