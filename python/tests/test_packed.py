@@ -106,3 +106,30 @@ def test_quantised_rows_are_the_batched_slots(rng):
         return True
 
     assert all(run_threads(ws, rank_fn))
+
+
+@pytest.mark.parametrize("layout", ["packed", "expert_sorted"])
+def test_a_rank_receiving_nothing(rng, layout):
+    """Every token goes to rank 0's experts: rank 1 receives no row, counted
+    or declared, and its combine takes an expert_y of no rows."""
+    ws, E, k = 2, 4, 2
+    groups = [make_group_inputs(rng, MAX_TOKENS, E, k, HIDDEN, 0, False) for _ in range(ws)]
+    for g in groups:
+        g["idx"][:] = rng.permuted(np.tile(np.arange(k, dtype=np.int32), (g["idx"].shape[0], 1)), axis=1)
+
+    def rank_fn(rank, comm):
+        L, inp, got = E // ws, groups[rank], []
+        want = ref_rows(groups, rank, 1, L, k, layout, 1)
+        with handle(comm, E, k, 0, "fp32", "fp32", recv_layout=layout) as a2a:
+            for capacity in (None, max(want["rows"], 1), None):
+                recv = a2a.dispatch_packed(inp["x"], None, inp["idx"], weights=inp["w"], capacity=capacity)
+                rec = copy_recv(recv)
+                check_recv(rec, want, groups, rank)
+                out = a2a.alloc_out_tokens()
+                a2a.combine(out, engine_rows(rec, rank, L, HIDDEN, "fp32", 0))
+                check_out(inp, L, out[:inp["valid"]], "fp32", "fp32", rank)
+                got.append(rec["rows"])
+        return got
+
+    rows = run_threads(ws, rank_fn)
+    assert rows[1] == [0, 0, 0] and min(rows[0]) > 0
