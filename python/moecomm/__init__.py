@@ -4,8 +4,9 @@ from ._arrays import empty_aligned
 from .a2a import AllToAll
 from .bootstrap import PyAllgather, SocketGroup, ThreadsGroup, torch_allgather, unique_id
 from .comm import Communicator
-from .errors import MoecommError, MoecommInvalid, MoecommTimeout, last_error, result_string
+from .errors import MoecommCapacity, MoecommError, MoecommInvalid, MoecommTimeout, last_error, result_string
 from .layer import MoELayer
+from .packed import PackedRecv
 
 SEND, RECV, SEND_RECV = capi.SEND, capi.RECV, capi.SEND_RECV
 __version__ = "0.5.0"
@@ -23,6 +24,6 @@ def dtype_size(dtype):
     return capi.lib.mc_dtype_size(DTYPES[dtype_name(dtype, "dtype")])
 
 
-__all__ = ["AllToAll", "MoELayer", "Communicator", "ThreadsGroup", "SocketGroup", "PyAllgather", "unique_id",
-           "torch_allgather", "MoecommError", "MoecommInvalid", "MoecommTimeout", "result_string",
-           "last_error", "empty_aligned", "version", "dtype_size", "capi", "SEND", "RECV", "SEND_RECV"]
+__all__ = ["AllToAll", "PackedRecv", "MoELayer", "Communicator", "ThreadsGroup", "SocketGroup", "PyAllgather",
+           "unique_id", "torch_allgather", "MoecommError", "MoecommInvalid", "MoecommTimeout", "MoecommCapacity",
+           "result_string", "last_error", "empty_aligned", "version", "dtype_size", "capi", "SEND", "RECV", "SEND_RECV"]

@@ -78,6 +78,11 @@ def need_row_bytes(v, name, nlead, nbytes, what):
                       f"expected {what}={nbytes}")
 
 
+def itemsize(dtype):
+    """Bytes of one element of a numpy or torch dtype."""
+    return dtype.itemsize if hasattr(dtype, "is_floating_point") else np.dtype(dtype).itemsize
+
+
 def empty_aligned(shape, dtype, align=64):
     """An uninitialised C-contiguous numpy array whose data is `align`-byte aligned."""
     dtype = np.dtype(dtype)

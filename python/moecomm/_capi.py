@@ -1,8 +1,8 @@
 """The C API of moecomm.h as ctypes: constants, structures, prototypes.
 
 Structures mirror the C declarations field for field; `comm_config()`,
-`a2a_config()` and `a2a_stats()` fill `size` and `version` the way the C
-initializers do.
+`a2a_config()`, `a2a_stats()` and `packed_recv()` fill `size` (and
+`version`) the way the C initializers do.
 """
 import ctypes as C
 
@@ -71,6 +71,13 @@ class A2AStats(C.Structure):
                 ("buffer_bytes", C.c_uint64)]
 
 
+class PackedRecvT(C.Structure):
+    """mc_packed_recv_t: the recv half's buffers of mc_dispatch_packed (raw addresses)."""
+    _fields_ = [("size", C.c_size_t), ("capacity", C.c_int64), ("x", C.c_void_p), ("x_scale", C.c_void_p),
+                ("row_expert", C.c_void_p), ("row_weight", C.c_void_p), ("expert_count", C.c_void_p),
+                ("expert_offset", C.c_void_p), ("src_count", C.c_void_p), ("rows", C.c_void_p)]
+
+
 def comm_config():
     """MC_COMM_CONFIG_INITIALIZER."""
     return CommConfig(C.sizeof(CommConfig), VERSION, 1, TRANSPORT_AUTO, 0, -1)
@@ -85,6 +92,11 @@ def a2a_config():
 def a2a_stats():
     """An mc_a2a_stats_t with `size` set, ready for mc_a2a_get_stats."""
     return A2AStats(size=C.sizeof(A2AStats))
+
+
+def packed_recv():
+    """An mc_packed_recv_t with `size` set and every pointer NULL."""
+    return PackedRecvT(size=C.sizeof(PackedRecvT))
 
 
 # ---- prototypes ----
@@ -115,6 +127,8 @@ _PROTOS = {
     "mc_a2a_num_local_experts": (_i, [_vp]),
     "mc_a2a_last_error": (_s, [_vp]),
     "mc_dispatch": (_r, [_vp, _vp, _vp, _vp, _vp, _i, _vp, _vp, _vp, _vp, C.c_uint, _vp]),
+    "mc_dispatch_packed": (_r, [_vp, _vp, _vp, _vp, _vp, _i, _vp, C.POINTER(PackedRecvT), C.c_uint, _vp]),
+    "mc_dispatch_counts": (_r, [_vp, C.POINTER(C.c_int64), _vp, _vp]),
     "mc_combine": (_r, [_vp, _vp, _vp, C.c_uint, _vp]),
     "mc_a2a_check": (_r, [_vp]),
     "mc_a2a_get_stats": (_r, [_vp, C.POINTER(A2AStats)]),

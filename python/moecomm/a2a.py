@@ -5,8 +5,9 @@ import ctypes as C
 import numpy as np
 
 from . import _capi
-from ._arrays import empty_aligned, need_align, need_lead, need_row_bytes, need_tag, view
+from ._arrays import empty_aligned, itemsize, need_align, need_lead, need_row_bytes, need_tag, view
 from .errors import check, invalid
+from .packed import LAYOUTS, PackedBuffers, PackedRecv, as_int, dispatch_counted, dispatch_declared
 
 lib = _capi.lib
 
@@ -41,13 +42,9 @@ def dtype_name(d, name):
 _TORCH_OF = {}  # numpy dtype name -> torch dtype, filled on first GPU use
 
 
-def _itemsize(dtype):
-    return dtype.itemsize if hasattr(dtype, "is_floating_point") else np.dtype(dtype).itemsize
-
-
 def _fill_torch_of():
     import torch
-    _TORCH_OF.update({"uint8": torch.uint8, "int32": torch.int32, "float32": torch.float32,
+    _TORCH_OF.update({"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
                       "float16": torch.float16, "uint16": torch.bfloat16, "int8": torch.int8})
 
 
@@ -64,11 +61,18 @@ class AllToAll:
     manager (on a clean exit it runs comm.barrier() and then destroy(), since
     peers may still write into this rank's buffers until they finish; with
     ranks masked, a barrier of the ranks still in instead), or call
-    comm.barrier() and destroy() yourself."""
+    comm.barrier() and destroy() yourself.
+
+    recv_layout "batched" (default) receives with dispatch() into
+    [L][expert_capacity] buffers; "packed" and "expert_sorted" receive with
+    dispatch_packed() into rows sized by what arrives (docs/api.md, "The
+    packed layouts"); expert_align: expert_sorted's row alignment of each
+    expert, 1..1024 (1 for the other layouts)."""
 
     def __init__(self, comm, *, max_tokens, num_experts, experts_per_token, hidden,
                  token_bytes=None, scale_bytes=0, combine_in_dtype="bf16", combine_out_dtype="bf16",
-                 index_dtype="int32", dispatch_input="bytes", scale_format="fp32"):
+                 index_dtype="int32", dispatch_input="bytes", scale_format="fp32", recv_layout="batched",
+                 expert_align=1):
         self.comm, self._h = comm, None
         self.in_dtype = dtype_name(combine_in_dtype, "combine_in_dtype")
         self.out_dtype = dtype_name(combine_out_dtype, "combine_out_dtype")
@@ -78,6 +82,9 @@ class AllToAll:
             raise invalid(f"dispatch_input={dispatch_input!r}: expected one of {', '.join(DISPATCH_INPUTS)}")
         if scale_format not in SCALE_FORMATS:
             raise invalid(f"scale_format={scale_format!r}: expected one of {', '.join(SCALE_FORMATS)}")
+        if recv_layout not in LAYOUTS:
+            raise invalid(f"recv_layout={recv_layout!r}: expected one of {', '.join(LAYOUTS)}")
+        self.recv_layout = recv_layout
         # bf16_to_e4m3: dp_x holds bf16 rows, dispatch quantises them (a byte a
         # value, a scale per 128 values); the sizes follow unless given
         self.quantises = dispatch_input == "bf16_to_e4m3"
@@ -92,6 +99,8 @@ class AllToAll:
         cfg.combine_in_dtype, cfg.combine_out_dtype = DTYPES[self.in_dtype], DTYPES[self.out_dtype]
         cfg.index_dtype = INDEX_DTYPES[self.index_dtype]
         cfg.dispatch_input, cfg.scale_format = DISPATCH_INPUTS[dispatch_input], SCALE_FORMATS[scale_format]
+        # the range (and 1 outside expert_sorted) is the library's rule, checked at create
+        cfg.recv_layout, cfg.expert_align = LAYOUTS[recv_layout], as_int(expert_align, "expert_align")
         self._create(cfg)
 
     def _create(self, cfg):
@@ -104,6 +113,8 @@ class AllToAll:
         self.expert_capacity = lib.mc_a2a_expert_capacity(h)
         self._bound = C.c_int32(0)  # where an int bound_m is put: no allocation per call
         self._m = None              # rows of the last dispatch send half, for combine's check
+        self._rows = None           # rows the last dispatch_packed received, for combine's check
+        self._kept = None           # dispatch_packed's buffers of a declared capacity, reused
 
     # ---- accessors ----
     @property
@@ -170,7 +181,7 @@ class AllToAll:
 
     def alloc_expert_x(self, dtype=np.uint8):
         """[num_local_experts][expert_capacity][token_bytes / itemsize] of `dtype`."""
-        n = self.config.token_bytes // _itemsize(dtype)
+        n = self.config.token_bytes // itemsize(dtype)
         return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
     def alloc_expert_x_scale(self, dtype=None):
@@ -180,7 +191,7 @@ class AllToAll:
             return None
         if dtype is None:
             dtype = np.uint8 if self.config.scale_format == _capi.SCALE_UE8M0 else np.float32
-        n = self.config.scale_bytes // _itemsize(dtype)
+        n = self.config.scale_bytes // itemsize(dtype)
         return self._empty((self.num_local_experts, self.expert_capacity, n), dtype)
 
     def alloc_expert_y(self):
@@ -306,11 +317,63 @@ class AllToAll:
         if do_send:
             self._m = m
 
+    def dispatch_packed(self, dp_x, dp_x_scale, indices, *, weights=None, bound_m=None, capacity=None,
+                        x_dtype=None, stream=None):
+        """mc_dispatch_packed, on a handle of recv_layout "packed" or
+        "expert_sorted"; both halves in one call. The send half reads what
+        dispatch()'s does. Returns a PackedRecv (x, x_scale, row_expert,
+        row_weight, expert_count, expert_offset, src_count, rows).
+
+        capacity None, the counted way: the send half, mc_dispatch_counts,
+        then the recv half into arrays allocated for exactly the rows
+        counted; each call returns arrays of its own.
+        capacity an int >= 1, the declared way: one call into arrays of
+        `capacity` rows, kept by the handle and reused while the capacity
+        and x_dtype stay the same, so the arrays returned are valid until
+        the next dispatch_packed. A round where some rank receives more rows
+        than it declared raises MoecommCapacity on every rank; the round is
+        dropped and the next step is a dispatch.
+
+        x_dtype: the dtype of x (default: dp_x's, as a numpy array or a CUDA
+        tensor; uint8 when dispatch quantises or dp_x is a CPU tensor)."""
+        # every argument checked before the send half: a refusal between the halves would leave the round open
+        m, tok, sc, idx, w = self._send_args(dp_x, dp_x_scale, indices, weights)
+        send = (m, tok, sc, idx, w, self._bound_ptr(bound_m))
+        xd = self._packed_x_dtype(dp_x, x_dtype)
+        st = self._stream(stream)
+        if capacity is not None:
+            capacity = as_int(capacity, "capacity")
+            if capacity < 1:
+                raise invalid(f"capacity={capacity}: the rows this rank will hold, >= 1 (None: the counted way)")
+        if capacity is None:
+            bufs, rows = dispatch_counted(self, send, xd, st)
+        else:
+            kept = self._kept
+            if kept is None or kept.capacity != capacity or kept.x_dtype != xd:
+                kept = self._kept = PackedBuffers(self, capacity, xd)
+            bufs, rows = kept, dispatch_declared(self, send, kept, st)
+        self._m, self._rows = m, rows
+        return PackedRecv(bufs, rows, self.recv_layout)
+
+    def _packed_x_dtype(self, dp_x, x_dtype):
+        if x_dtype is None:
+            if self.quantises or (self._dev is None and not isinstance(dp_x, np.ndarray)):
+                x_dtype = np.uint8
+            else:
+                x_dtype = dp_x.dtype
+        size = itemsize(x_dtype)
+        if self.config.token_bytes % size:
+            raise invalid(f"x_dtype={x_dtype}: its size {size} does not divide token_bytes={self.config.token_bytes}")
+        return x_dtype
+
     def combine(self, out_tokens, expert_y, do_send=True, do_recv=True, *, stream=None):
         """mc_combine. Send half reads expert_y [L][capacity][hidden] in
-        combine_in_dtype; recv half writes out_tokens [>= m][hidden] in
-        combine_out_dtype (rows up to the dispatch's bound_m). Indices and
-        weights are not passed again: dispatch carried them."""
+        combine_in_dtype; in the packed layouts [>= rows][hidden], a row per
+        row dispatch_packed received ("packed": the row's experts already
+        weighted and summed; padding rows are not read). Recv half writes
+        out_tokens [>= m][hidden] in combine_out_dtype (rows up to the
+        dispatch's bound_m). Indices and weights are not passed again:
+        dispatch carried them."""
         flags = _flags(do_send, do_recv)
         yp = op = None
         if do_send:
@@ -322,6 +385,14 @@ class AllToAll:
     def _y_ptr(self, expert_y):
         yv = view(expert_y, "expert_y", device=self._dev)
         need_tag(yv, "expert_y", self.in_dtype)
+        if self.recv_layout != "batched":
+            if len(yv.shape) != 2 or yv.shape[1] != self.config.hidden:
+                raise invalid(f"expert_y: shape must be (rows, {self.config.hidden}) in the {self.recv_layout} "
+                              f"layout, got {tuple(yv.shape)}")
+            if self._rows is not None and yv.shape[0] < self._rows:
+                raise invalid(f"expert_y: {yv.shape[0]} rows, the dispatch received rows={self._rows}")
+            need_align(yv, "expert_y", 16)
+            return yv.ptr
         need_lead(yv, "expert_y", (self.num_local_experts, self.expert_capacity))
         if tuple(yv.shape[2:]) != (self.config.hidden,):
             raise invalid(f"expert_y: shape must be ({self.num_local_experts}, {self.expert_capacity}, "

@@ -19,6 +19,13 @@ class MoecommInvalid(MoecommError, ValueError):
     """MC_ERR_INVALID_ARG / MC_ERR_INVALID_USAGE: nothing was changed or sent."""
 
 
+class MoecommCapacity(MoecommError):
+    """MC_ERR_CAPACITY: in a packed layout, a rank received more rows than the
+    capacity it declared. Raised on every rank alike: the round is dropped,
+    nothing was written past a capacity, the handle stays usable and the next
+    step is a new dispatch (with a larger capacity, or counted)."""
+
+
 def result_string(code):
     """mc_result_string: the name and meaning of a result code."""
     return _capi.text(_capi.lib.mc_result_string(int(code)))
@@ -30,6 +37,8 @@ def error_for(code, message):
         return MoecommTimeout(code, message)
     if code in (_capi.ERR_INVALID_ARG, _capi.ERR_INVALID_USAGE):
         return MoecommInvalid(code, message)
+    if code == _capi.ERR_CAPACITY:
+        return MoecommCapacity(code, message)
     return MoecommError(code, message)
 
 

@@ -32,6 +32,7 @@ def test_result_codes_agree_with_the_header():
         assert moecomm.result_string(int(value)).startswith("MC_" + name), name
         exc = moecomm.errors.error_for(int(value), "x")
         want = (moecomm.MoecommTimeout if name == "ERR_TIMEOUT" else
+                moecomm.MoecommCapacity if name == "ERR_CAPACITY" else
                 moecomm.MoecommInvalid if name in ("ERR_INVALID_ARG", "ERR_INVALID_USAGE") else moecomm.MoecommError)
         assert type(exc) is want, name
 
@@ -42,11 +43,16 @@ C_LAYOUT = r"""
 #include "moecomm.h"
 #define F(T, f) printf(#T "." #f " %zu\n", offsetof(T, f));
 int main(void) {
-  printf("mc_comm_config_t %zu\nmc_a2a_config_t %zu\nmc_a2a_stats_t %zu\nmc_oob_t %zu\n",
-         sizeof(mc_comm_config_t), sizeof(mc_a2a_config_t), sizeof(mc_a2a_stats_t), sizeof(mc_oob_t));
+  printf("mc_comm_config_t %zu\nmc_a2a_config_t %zu\nmc_a2a_stats_t %zu\nmc_oob_t %zu\nmc_packed_recv_t %zu\n",
+         sizeof(mc_comm_config_t), sizeof(mc_a2a_config_t), sizeof(mc_a2a_stats_t), sizeof(mc_oob_t),
+         sizeof(mc_packed_recv_t));
   F(mc_a2a_config_t, token_bytes) F(mc_a2a_config_t, hidden) F(mc_a2a_config_t, combine_out_dtype)
   F(mc_a2a_config_t, index_dtype) F(mc_a2a_config_t, dispatch_input) F(mc_a2a_config_t, scale_format)
+  F(mc_a2a_config_t, recv_layout) F(mc_a2a_config_t, expert_align)
   F(mc_comm_config_t, device) F(mc_a2a_stats_t, buffer_bytes) F(mc_oob_t, world_size)
+  F(mc_packed_recv_t, capacity) F(mc_packed_recv_t, x) F(mc_packed_recv_t, row_expert)
+  F(mc_packed_recv_t, row_weight) F(mc_packed_recv_t, expert_offset) F(mc_packed_recv_t, src_count)
+  F(mc_packed_recv_t, rows)
   return 0;
 }
 """
@@ -61,7 +67,7 @@ def test_struct_layout_matches_c(tmp_path):
     got = dict(line.split() for line in subprocess.run([str(tmp_path / "l")], capture_output=True,
                                                        text=True, check=True).stdout.splitlines())
     py = {"mc_comm_config_t": capi.CommConfig, "mc_a2a_config_t": capi.A2AConfig,
-          "mc_a2a_stats_t": capi.A2AStats, "mc_oob_t": capi.Oob}
+          "mc_a2a_stats_t": capi.A2AStats, "mc_oob_t": capi.Oob, "mc_packed_recv_t": capi.PackedRecvT}
     for name, cls in py.items():
         assert int(got[name]) == ctypes.sizeof(cls), name
         for key, off in got.items():
