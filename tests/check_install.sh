@@ -19,7 +19,7 @@ C
 cat > "$tmp/app/CMakeLists.txt" <<'C'
 cmake_minimum_required(VERSION 3.18)
 project(app C)
-find_package(moecomm 0.4 REQUIRED)
+find_package(moecomm 0.5 REQUIRED)
 add_executable(app main.c)
 target_link_libraries(app PRIVATE moecomm::moecomm)
 C

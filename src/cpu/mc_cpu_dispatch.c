@@ -175,7 +175,6 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   const int cap = mc_expert_capacity(s);
   unsigned char *win = mc_cpu_mine(a2a);
   uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
-  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
   mc_result_t rc;
   if (mc_packed_layout(s)) return mc_cpu_dispatch_recv_packed(a2a, args);
 
@@ -192,10 +191,8 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   c->n_route = 0;
   for (int src = 0; src < W; src++) {
     if (a2a->masked[src]) continue;
-    uint32_t n = ((const uint32_t *)(win + mc_disp_meta_off(s, src)))[0];
-    uint64_t *total = &seen[MC_SIG_DISP_RECS * W + src];
-    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + n, NULL))) return rc;
-    *total += n;
+    uint32_t n;
+    if ((rc = mc_cpu_take_records(a2a, src, &n)) != MC_SUCCESS) return rc;
     for (uint32_t i = 0; i < n; i++) {
       const unsigned char *rec = win + mc_disp_recv_off(s, src, (int)i);
       const mc_record_header_t *h = (const mc_record_header_t *)rec;
@@ -217,6 +214,18 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     }
   }
   return MC_SUCCESS;
+}
+
+/* Source src's records of this round, every one arrived (its RECS signal
+ * at the running total plus its meta's count), and the total moved on; *n:
+ * how many. */
+mc_result_t mc_cpu_take_records(mc_a2a_t *a2a, int src, uint32_t *n) {
+  const mc_shape_t *s = &a2a->shape;
+  uint64_t *total = (uint64_t *)mc_cpu_ws(a2a, mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * s->world_size + src;
+  *n = ((const uint32_t *)(mc_cpu_mine(a2a) + mc_disp_meta_off(s, src)))[0];
+  mc_result_t rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + *n, NULL);
+  if (rc == MC_SUCCESS) *total += *n;
+  return rc;
 }
 
 /* Step 1 of every layout's recv half, and mc_dispatch_counts: every

@@ -42,15 +42,10 @@ static int over_capacity(mc_a2a_t *a2a, int64_t *rows, int64_t *limit) {
 static mc_result_t drop_round(mc_a2a_t *a2a, int q, int64_t rows, int64_t limit) {
   const mc_shape_t *s = &a2a->shape;
   const int W = s->world_size;
-  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
   mc_result_t rc;
-  for (int src = 0; src < W; src++) {
-    if (a2a->masked[src]) continue;
-    uint64_t *total = &seen[MC_SIG_DISP_RECS * W + src];
-    const uint32_t n = mc_meta_of(s, metas(a2a), src)[0];
-    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + n, NULL))) return rc;
-    *total += n;
-  }
+  uint32_t n;
+  for (int src = 0; src < W; src++)
+    if (!a2a->masked[src] && (rc = mc_cpu_take_records(a2a, src, &n)) != MC_SUCCESS) return rc;
   mc_cpu(a2a)->n_route = 0;
   for (int p = 0; p < W; p++)
     if (!a2a->masked[p]) mc_cpu_signal(a2a, p, MC_SIG_COMB_BAR, a2a->round, MC_SIG_SET);
@@ -71,7 +66,6 @@ mc_result_t mc_cpu_dispatch_recv_packed(mc_a2a_t *a2a, const mc_dispatch_args_t 
   const int sorted = s->layout == MC_LAYOUT_EXPERT_SORTED;
   unsigned char *win = mc_cpu_mine(a2a);
   const uint32_t *base = mc_cpu_ws(a2a, mc_ws_base_off(s));
-  uint64_t *seen = mc_cpu_ws(a2a, mc_ws_seen_off(s));
   mc_result_t rc;
 
   /* 1. The metas; the verdict every rank reaches alike. */
@@ -105,10 +99,8 @@ mc_result_t mc_cpu_dispatch_recv_packed(mc_a2a_t *a2a, const mc_dispatch_args_t 
   for (int src = 0; src < W; src++) {
     if (out->src_count) out->src_count[src] = 0;
     if (a2a->masked[src]) continue;
-    const uint32_t n = mc_meta_of(s, metas(a2a), src)[0];
-    uint64_t *total = &seen[MC_SIG_DISP_RECS * W + src];
-    if ((rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + n, NULL))) return rc;
-    *total += n;
+    uint32_t n;
+    if ((rc = mc_cpu_take_records(a2a, src, &n)) != MC_SUCCESS) return rc;
     for (uint32_t i = 0; i < n; i++) {
       const unsigned char *rec = win + mc_disp_recv_off(s, src, (int)i);
       const mc_record_header_t *h = (const mc_record_header_t *)rec;
