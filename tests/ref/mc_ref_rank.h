@@ -67,15 +67,15 @@ int mc_rr_get_dispatch_outputs(const mc_case_t *c, bufs_t *b, const dbufs_t *d);
 uint64_t mc_rr_resident_bytes(const mc_case_t *c, const bufs_t *b);
 
 /* mc_ref_packed.c: the packed layouts' buffers, poisoned before a round;
- * after it, checked (where check) and turned into the batched layout's
- * slots (b->x, b->xs, b->count), the checks and fake experts of every
- * layout; then the experts' outputs (b->y) into the rows combine takes
- * (b->py). 0, or -1 (recorded in me) */
+ * after a checked one, checked and turned into the batched layout's slots
+ * (b->x, b->xs, b->count) for the batched checks; then the fake experts'
+ * outputs of the received rows as the rows combine takes (b->py). 0, or -1
+ * (recorded in me) */
 int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b);
 void mc_rr_packed_free(bufs_t *b);
 void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank);
-int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, int check, mc_run_rank_t *me);
-void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b);
+int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
+void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank);
 
 /* mc_ref_check.c: outputs against the reference (dispatch: after
  * mc_rr_poison_outputs drew its reference), bad calls that must be refused */

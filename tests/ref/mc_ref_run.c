@@ -280,15 +280,18 @@ static int round_experts(rank_st_t *st, int check) {
                st->rank);
     return -1;
   }
-  if (c->layout != MC_LAYOUT_BATCHED && mc_rr_packed_unpack(c, b, st->rank, st->round, check, st->me) != 0)
-    return -1;
+  if (c->layout != MC_LAYOUT_BATCHED) { /* the rows checked; the experts' outputs as rows */
+    if (check && mc_rr_packed_unpack(c, b, st->rank, st->round, st->me) != 0) return -1;
+    if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
+    mc_rr_packed_rows_y(c, b, st->rank);
+    return 0;
+  }
   if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
   if (mc_rr_experts_roundtrip(c, b, d, st->rank)) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)st->round,
                st->rank);
     return -1;
   }
-  if (c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_rows_y(c, b);
   return 0;
 }
 
