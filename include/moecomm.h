@@ -390,8 +390,8 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
  *
  * The recv half writes into *recv (device memory on GPU transports, host
  * memory on cpu; "rows" is this rank's count of rows, see below):
- *   x            [rows][token_bytes]  16-byte aligned
- *   x_scale      [rows][scale_bytes]  NULL iff scale_bytes == 0
+ *   x            [rows][token_bytes]  16-byte aligned (not written on padding rows)
+ *   x_scale      [rows][scale_bytes]  NULL iff scale_bytes == 0 (as x)
  *   row_expert   packed: [rows][topk] int32, the row's local experts
  *                (ascending), then -1; sorted: [rows], the row's local
  *                expert, -1 on padding rows
@@ -400,11 +400,12 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
  *   expert_offset optional, [num_local_experts + 1]: sorted: where each
  *                expert's rows start (multiples of expert_align), then the
  *                rows; packed: the prefix sums of expert_count
- *   src_count    optional, [world_size]: rows from each source rank
+ *   src_count    optional, [world_size]: rows (expert-sorted: pairs) from each
+ *                source rank
  *   rows         optional, [1] int64: the rows written
- * Rows, padding and all: packed, one per (token, rank) received; sorted, each
- * local expert's pairs rounded up to expert_align. Nothing past them is
- * written.
+ * Rows, padding included: packed, one per (token, rank) received; sorted,
+ * each local expert's pairs rounded up to expert_align. Nothing past them is
+ * written. x, x_scale and row_expert may be NULL where recv->capacity is 0.
  *
  * Capacity: how the recv buffers are sized, one of two ways per call.
  * - Declared: the send half's recv->capacity > 0, the rows this rank's
@@ -417,8 +418,9 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
  * - Counted: the send half's recv is NULL or its capacity 0; then call
  *   mc_dispatch_counts after the send half and before the recv half, and
  *   size the buffers from it.
- * A recv half whose buffers cannot hold what it would write fails with
- * MC_ERR_INVALID_ARG and changes nothing: call it again with larger ones.
+ * A recv half given fewer rows than the send half declared, or than
+ * mc_dispatch_counts counted, fails with MC_ERR_INVALID_ARG and changes
+ * nothing: call it again with at least that many.
  * Returns as mc_dispatch, and MC_ERR_CAPACITY. */
 typedef struct mc_packed_recv {
   size_t size;            /* sizeof(mc_packed_recv_t) */
@@ -443,7 +445,10 @@ MC_API mc_result_t mc_dispatch_packed(mc_a2a_t *a2a, const void *tokens, const v
  * their send halves) and write to host memory the rows the recv half will
  * write, and (optional, [num_local_experts]) the (token, expert) pairs per
  * local expert. Synchronises the stream; not for CUDA graphs. May be
- * called more than once. Returns as mc_dispatch. */
+ * called more than once. A round in which a rank exceeds the capacity it
+ * declared is dropped here already: MC_ERR_CAPACITY, as from the recv
+ * halves of the ranks that declared one; dispatch is next, the recv half
+ * is not called. Returns as mc_dispatch, and MC_ERR_CAPACITY. */
 MC_API mc_result_t mc_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream);
 
 /* Combine: send each expert's outputs back, summed with the router weights.

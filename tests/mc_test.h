@@ -74,7 +74,8 @@ int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms,
 /* test_mask.c: ranks as processes, rank `dead` killed in a round drawn from
  * the seed (in_combine: between its dispatch and its combine); the others
  * mask it and run `rounds` checked rounds. Shared with the GPU tests. */
-int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed);
+int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed,
+                       int layout);
 /* test_hardening.c: a small config (4 tokens, 4 experts, top-2, fp32
  * combine), and mc_a2a_barrier with its outcome (on a GPU the barrier is a
  * kernel: its failure shows once the stream is done). */

@@ -492,7 +492,7 @@ int test_gpu_mask_dead_rank(void) {
   }
   for (int in_combine = 0; in_combine < 2; in_combine++)
     MC_CHECK(mc_test_run_masked(gpu_transport(), world, (int)((mc_test_seed + (uint64_t)in_combine) % (uint64_t)world),
-                                in_combine, in_combine ? 200 : 1000, mc_test_seed + (uint64_t)in_combine) == 0);
+                                in_combine, in_combine ? 200 : 1000, mc_test_seed + (uint64_t)in_combine, MC_LAYOUT_BATCHED) == 0);
   return 0;
 }
 

@@ -12,7 +12,8 @@
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
-int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed) {
+int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_combine, int rounds, uint64_t seed,
+                       int layout) {
   const int stall_round = 1 + (int)(seed % 4); /* 0-based: it breaks round stall_round + 1 */
   mc_case_t c;
   mc_ref_random_case(seed, &c);
@@ -22,6 +23,7 @@ int mc_test_run_masked(mc_transport_t transport, int world, int dead, int in_com
   c.topk = c.topk < 4 ? c.topk : 4;
   c.max_tokens = 8;
   c.hidden = c.hidden > 128 ? 128 : c.hidden;
+  c.layout = layout; /* packed layouts: the count step sizes the buffers */
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = rounds;
   /* the cpu transport sees the dead process at once, so the timeout only
@@ -53,7 +55,7 @@ int test_mask_dead_rank(void) {
   for (int i = 0; i < 6; i++) {
     const int dead = (int)((mc_test_seed + (uint64_t)i) % (uint64_t)world[i]);
     MC_CHECK(mc_test_run_masked(MC_TRANSPORT_CPU, world[i], dead, i >= 3, i == 1 ? 1000 : 200,
-                                mc_test_seed + (uint64_t)i) == 0);
+                                mc_test_seed + (uint64_t)i, MC_LAYOUT_BATCHED) == 0);
   }
   return 0;
 }

@@ -53,7 +53,7 @@ int test_random_packed(void) {
  * many tokens exceed (every rank fails those with MC_ERR_CAPACITY naming
  * the rank; the rounds after pass), groups of two, ranks as processes. */
 int test_packed_edges(void) {
-  for (int i = 0; i < 8; i++) {
+  for (int i = 0; i < 10; i++) {
     mc_case_t c;
     mc_ref_random_case(case_seed(100 + i), &c);
     c.world_size = 4;
@@ -65,13 +65,29 @@ int test_packed_edges(void) {
     c.zero_tokens = 1;
     c.layout = i % 4 < 2 ? MC_LAYOUT_PACKED : MC_LAYOUT_EXPERT_SORTED;
     c.expert_align = c.layout == MC_LAYOUT_EXPERT_SORTED ? 8 : 1;
-    /* about a group's tokens: one-expert routing sends the hot rank every token of every group */
-    c.declare = i < 4 ? 20 : 0;
+    /* about a group's tokens: one-expert routing sends the hot rank every token of every group;
+     * 6, 7: the odd ranks count while the even ones declare (a round both kinds drop);
+     * 8, 9: two handles in turn, one's rounds between the other's halves */
+    c.declare = i < 4 || i == 6 || i == 7 ? 20 : i >= 8 ? -1 : 0;
+    c.odd_counted = i == 6 || i == 7;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 8;
     o.whole = 2;
     o.processes = i == 5;
+    o.handles = i >= 8 ? 2 : 1;
+    o.split = i == 9;
     MC_CHECK(run_case(&c, &o) == 0);
+  }
+  return 0;
+}
+
+/* A rank killed in a round; the others mask it and go on in the packed
+ * layouts, checked against the reference without it (test_mask.c). */
+int test_packed_mask_dead_rank(void) {
+  for (int i = 0; i < 2; i++) {
+    const int world = 3 + i, dead = (int)((mc_test_seed + (uint64_t)i) % (uint64_t)world);
+    MC_CHECK(mc_test_run_masked(MC_TRANSPORT_CPU, world, dead, i == 1, 40, mc_test_seed + (uint64_t)i,
+                                i ? MC_LAYOUT_EXPERT_SORTED : MC_LAYOUT_PACKED) == 0);
   }
   return 0;
 }
@@ -130,6 +146,10 @@ int test_packed_rules(void) {
   MC_CHECK(mc_a2a_create(comm, &ac, &bad) == MC_ERR_INVALID_ARG && strstr(mc_last_error(), "expert_align"));
   ac.recv_layout = MC_LAYOUT_EXPERT_SORTED, ac.expert_align = 2048;
   MC_CHECK(mc_a2a_create(comm, &ac, &bad) == MC_ERR_INVALID_ARG && strstr(mc_last_error(), "expert_align"));
+  /* rows are int32: 2.2 million experts padded to 1024 rows each could need more */
+  ac.expert_align = 1024, ac.num_experts = 2200000, ac.experts_per_token = 1;
+  MC_CHECK(mc_a2a_create(comm, &ac, &bad) == MC_ERR_INVALID_ARG && strstr(mc_last_error(), "2^31 - 1"));
+  ac.num_experts = 4, ac.experts_per_token = 2;
   mc_comm_destroy(comm);
   mc_oob_threads_destroy(g);
 

@@ -331,8 +331,11 @@ class AllToAll:
         `capacity` rows, kept by the handle and reused while the capacity
         and x_dtype stay the same, so the arrays returned are valid until
         the next dispatch_packed. A round where some rank receives more rows
-        than it declared raises MoecommCapacity on every rank; the round is
-        dropped and the next step is a dispatch.
+        than it declared raises MoecommCapacity on every rank (the counted
+        way too, from the count step); the round is dropped and the next
+        step is a dispatch. An exception between the halves of the counted
+        way (the recv arrays cannot be allocated) leaves the round open: the
+        peers then time out; destroy the handle.
 
         x_dtype: the dtype of x (default: dp_x's, as a numpy array or a CUDA
         tensor; uint8 when dispatch quantises or dp_x is a CPU tensor)."""

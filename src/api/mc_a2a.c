@@ -98,6 +98,14 @@ static mc_result_t check_config(char *err, const mc_comm_t *comm, const mc_a2a_c
   if (c->recv_layout == MC_LAYOUT_EXPERT_SORTED ? c->expert_align < 1 || c->expert_align > 1024 : c->expert_align != 1)
     return mc_fail(err, MC_ERR_INVALID_ARG, "config->expert_align=%d must be %s", c->expert_align,
                    c->recv_layout == MC_LAYOUT_EXPERT_SORTED ? "in 1..1024" : "1 outside the expert-sorted layout");
+  if (c->recv_layout == MC_LAYOUT_EXPERT_SORTED) { /* its row indices are int32, padding included */
+    const uint64_t L = (uint64_t)c->num_experts / (uint64_t)comm->world_size, K = (uint64_t)c->experts_per_token;
+    const uint64_t rows = groups * (uint64_t)c->max_tokens * (K < L ? K : L) + L * (uint64_t)(c->expert_align - 1);
+    if (rows > INT32_MAX)
+      return mc_fail(err, MC_ERR_INVALID_ARG,
+                     "config: the expert-sorted layout could need %llu rows a rank (pairs and padding), above 2^31 - 1",
+                     (unsigned long long)rows);
+  }
   return MC_SUCCESS;
 }
 
@@ -415,9 +423,10 @@ static mc_result_t check_packed_recv(mc_a2a_t *a2a, const char *call, const mc_p
   const int has_scales = c->scale_bytes > 0;
   mc_result_t rc;
   if (!r) return mc_fail(a2a->err, MC_ERR_INVALID_ARG, "%s: recv is NULL (the recv half writes into it)", call);
-  if ((rc = check_ptr(a2a, call, "recv->x", r->x, 1, 16)) ||
-      (rc = check_ptr(a2a, call, "recv->x_scale", r->x_scale, has_scales, 4)) ||
-      (rc = check_ptr(a2a, call, "recv->row_expert", r->row_expert, 1, 4)) ||
+  const int any = r->capacity > 0; /* a recv half given no rows needs no row buffers */
+  if ((rc = check_ptr(a2a, call, "recv->x", r->x, any, 16)) ||
+      (rc = check_ptr(a2a, call, "recv->x_scale", r->x_scale, any && has_scales, 4)) ||
+      (rc = check_ptr(a2a, call, "recv->row_expert", r->row_expert, any, 4)) ||
       (rc = check_ptr(a2a, call, "recv->row_weight", r->row_weight, 0, 4)) ||
       (rc = check_ptr(a2a, call, "recv->expert_count", r->expert_count, 0, 4)) ||
       (rc = check_ptr(a2a, call, "recv->expert_offset", r->expert_offset, 0, 4)) ||

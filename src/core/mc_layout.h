@@ -152,18 +152,21 @@ MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
  * nothing reads its digest words). */
 MC_HD int mc_meta_digest_word(const mc_shape_t *s) { return 1 + mc_num_local_experts(s); }
 /* The packed layouts (mc_dispatch_packed) add the sender's declared row
- * capacity (two uint32 from mc_meta_limit_word, 0: none), its records to
- * every rank (world_size uint32 from mc_meta_torank_word) and to every
- * expert (num_experts uint32 from mc_meta_toexpert_word): the same words in
- * every meta it sends, so that from the metas it receives every rank knows
- * every rank's rows and capacity, and all reach one verdict. */
+ * capacity (two uint32 from mc_meta_limit_word, 0: none) and its records
+ * to every rank (world_size uint32 from mc_meta_torank_word); the
+ * expert-sorted layout, whose rows are per expert, also its records to
+ * every expert (num_experts uint32 from mc_meta_toexpert_word). The same
+ * words in every meta a sender sends, so that from the metas it receives
+ * every rank knows every rank's rows and capacity, and all reach one
+ * verdict. */
 MC_HD int mc_packed_layout(const mc_shape_t *s) { return s->layout != 0; }
 MC_HD int mc_meta_limit_word(const mc_shape_t *s) { return 3 + mc_num_local_experts(s); }
 MC_HD int mc_meta_torank_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s); }
 MC_HD int mc_meta_toexpert_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s) + s->world_size; }
 MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
-  const uint64_t words = mc_packed_layout(s) ? (uint64_t)mc_meta_toexpert_word(s) + (uint64_t)s->num_experts
-                                             : 3 + (uint64_t)mc_num_local_experts(s);
+  const uint64_t words = s->layout == 2   ? (uint64_t)mc_meta_toexpert_word(s) + (uint64_t)s->num_experts
+                         : s->layout == 1 ? (uint64_t)mc_meta_toexpert_word(s)
+                                          : 3 + (uint64_t)mc_num_local_experts(s);
   return mc_align_up(words * sizeof(uint32_t), MC_ALIGN);
 }
 /* Source src's meta in a window's disp_meta region (meta0: its start). */
@@ -182,7 +185,7 @@ MC_HD int64_t mc_packed_limit(const mc_shape_t *s, const unsigned char *meta0, i
 MC_HD int64_t mc_packed_rows(const mc_shape_t *s, const unsigned char *meta0, const uint8_t *skip, int q) {
   const int W = s->world_size, L = mc_num_local_experts(s);
   int64_t rows = 0;
-  if (s->layout == 1) { /* MC_LAYOUT_PACKED */
+  if (s->layout == 1) { /* MC_LAYOUT_PACKED (2: MC_LAYOUT_EXPERT_SORTED) */
     for (int src = 0; src < W; src++)
       if (!skip || !skip[src]) rows += mc_meta_of(s, meta0, src)[mc_meta_torank_word(s) + q];
     return rows;

@@ -158,7 +158,8 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
       meta[mc_meta_limit_word(s)] = (uint32_t)limit;
       meta[mc_meta_limit_word(s) + 1] = (uint32_t)(limit >> 32);
       memcpy(meta + mc_meta_torank_word(s), nrec, sizeof(uint32_t) * (size_t)W);
-      memcpy(meta + mc_meta_toexpert_word(s), npos, sizeof(uint32_t) * (size_t)s->num_experts);
+      if (s->layout == MC_LAYOUT_EXPERT_SORTED)
+        memcpy(meta + mc_meta_toexpert_word(s), npos, sizeof(uint32_t) * (size_t)s->num_experts);
     }
     mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
                       MC_SIG_SET);

@@ -16,11 +16,19 @@
 
 static const unsigned char *metas(mc_a2a_t *a2a) { return mc_cpu_mine(a2a) + mc_disp_meta_off(&a2a->shape, 0); }
 
+static int over_capacity(mc_a2a_t *a2a, int64_t *rows, int64_t *limit);
+static mc_result_t drop_round(mc_a2a_t *a2a, int q, int64_t rows, int64_t limit);
+
+/* The count step; a round that exceeds a declared capacity is dropped here
+ * already (a rank that counts learns it before it sizes any buffer). */
 mc_result_t mc_cpu_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream) {
   mc_cpu_t *c = mc_cpu(a2a);
   (void)stream;
   mc_result_t rc = mc_cpu_dispatch_metas(a2a, c->lcount);
   if (rc != MC_SUCCESS) return rc;
+  int64_t over_rows = 0, over_limit = 0;
+  const int q = over_capacity(a2a, &over_rows, &over_limit);
+  if (q >= 0) return drop_round(a2a, q, over_rows, over_limit);
   *rows = mc_packed_rows(&a2a->shape, metas(a2a), a2a->masked, a2a->comm->rank);
   if (expert_count) memcpy(expert_count, c->lcount, sizeof(int32_t) * (size_t)mc_num_local_experts(&a2a->shape));
   return MC_SUCCESS;
@@ -53,8 +61,8 @@ static mc_result_t drop_round(mc_a2a_t *a2a, int q, int64_t rows, int64_t limit)
     if (!a2a->masked[p] && (rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_COMB_BAR, p, a2a->round, NULL)))
       return rc;
   return mc_fail(a2a->err, MC_ERR_CAPACITY,
-                 "mc_dispatch_packed: rank %d receives %lld rows this round, more than the capacity of %lld it "
-                 "declared; the round is dropped on every rank (nothing written past a capacity; dispatch is next)",
+                 "dispatch: rank %d receives %lld rows this round, more than the capacity of %lld it declared; the "
+                 "round is dropped on every rank (nothing written; dispatch is next)",
                  q, (long long)rows, (long long)limit);
 }
 

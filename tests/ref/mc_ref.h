@@ -32,6 +32,7 @@ typedef struct mc_case {
   int expert_align;   /* MC_LAYOUT_EXPERT_SORTED: each expert's rows from a multiple of it (0: 1) */
   int64_t declare;    /* packed layouts: the capacity each send half declares: 0 none (the count step
                          sizes the recv buffers), -1 the harness's buffers (never exceeded), else rows */
+  int odd_counted;    /* packed layouts: the odd ranks declare none and count (ranks of both kinds in a round) */
   uint64_t masked;    /* bit r: rank r masked (mc_a2a_mask_ranks; groups of one, world_size <= 64): its
                          tokens are not sent and its experts drop out of every token */
 } mc_case_t;

@@ -179,13 +179,16 @@ static int round_barrier(rank_st_t *st) {
 static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
   const mc_case_t *c = st->c;
   bufs_t *b = &st->b;
-  const int64_t declared = c->declare < 0 ? b->prow_max : c->declare;
+  const int64_t all = c->declare < 0 ? b->prow_max : c->declare; /* what the declaring ranks declare */
+  const int64_t declared = c->odd_counted && st->rank % 2 ? 0 : all;
   mc_packed_recv_t r = {sizeof r, declared, b->px,   b->pxs,  b->pre,
                         b->prw,   b->pcnt,  b->poff, b->psrc, &b->prows};
-  int over = -1;
+  int over = -1; /* the lowest declaring rank (not masked) whose rows exceed its capacity */
   int64_t over_rows = 0;
-  for (int q = 0; q < c->world_size && declared > 0 && over < 0; q++)
-    if ((over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > declared) over = q;
+  for (int q = 0; q < c->world_size && all > 0 && over < 0; q++)
+    if (!(c->odd_counted && q % 2) && !(q < 64 && (c->masked >> q & 1)) &&
+        (over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > all)
+      over = q;
 #define PACKED(recv, flags)                                                                                            \
   mc_dispatch_packed(st->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, recv, flags,             \
                      mc_dev_stream())
@@ -198,6 +201,10 @@ static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int 
     mc_dev_mark(st->gpu, 1);
     if (declared == 0) {
       int64_t rows = -1;
+      if (over >= 0) { /* the count step drops the round already */
+        rc = mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream());
+        goto verdict;
+      }
       API(st, mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream()));
       const int64_t want = mc_ref_packed_rows(c, b->ins, st->rank, NULL);
       if (rows != want) {
@@ -217,6 +224,7 @@ static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int 
     mc_dev_mark(st->gpu, 2);
     rc = PACKED(&r, MC_RECV);
   }
+verdict:
   mc_dev_mark(st->gpu, 3);
 #undef PACKED
   if (over >= 0) {
