@@ -75,9 +75,9 @@ typedef enum mc_result {
                                the first failure */
   MC_ERR_INTERNAL = 10,     /* a bug in moecomm; please report the text */
   MC_ERR_CAPACITY = 11      /* packed layouts: a rank received more rows than the capacity it declared;
-                               every rank's recv half fails the round, naming the rank, its rows and
-                               its capacity; nothing was written past it, the handle stays usable and
-                               the next step is a new dispatch */
+                               every rank's recv half (or count step) fails the round, naming the rank,
+                               its rows and its capacity; nothing was written, the handle stays usable
+                               and the next step is a new dispatch */
 } mc_result_t;
 
 /* A static string naming a result code ("MC_ERR_TIMEOUT: ..."). Never NULL. */
