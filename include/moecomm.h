@@ -443,8 +443,10 @@ MC_API mc_result_t mc_dispatch_packed(mc_a2a_t *a2a, const void *tokens, const v
 /* The count step of the packed layouts: between the send half and the recv
  * half of a dispatch, wait for every rank's counts for this rank (sent by
  * their send halves) and write to host memory the rows the recv half will
- * write, and (optional, [num_local_experts]) the (token, expert) pairs per
- * local expert. Synchronises the stream; not for CUDA graphs. May be
+ * write, and (optional, [num_local_experts]) each local expert's rows: its
+ * (token, expert) pairs rounded up to expert_align (what its segment of the
+ * expert-sorted layout holds; the pairs themselves for the other layouts,
+ * whose expert_align is 1). Synchronises the stream; not for CUDA graphs. May be
  * called more than once. A round in which a rank exceeds the capacity it
  * declared is dropped here already: MC_ERR_CAPACITY, as from the recv
  * halves of the ranks that declared one; dispatch is next, the recv half

@@ -30,7 +30,8 @@ mc_result_t mc_cpu_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert
   const int q = over_capacity(a2a, &over_rows, &over_limit);
   if (q >= 0) return drop_round(a2a, q, over_rows, over_limit);
   *rows = mc_packed_rows(&a2a->shape, metas(a2a), a2a->masked, a2a->comm->rank);
-  if (expert_count) memcpy(expert_count, c->lcount, sizeof(int32_t) * (size_t)mc_num_local_experts(&a2a->shape));
+  for (int l = 0; expert_count && l < mc_num_local_experts(&a2a->shape); l++) /* each expert's segment */
+    expert_count[l] = (int32_t)mc_align_up((uint64_t)c->lcount[l], (uint64_t)a2a->shape.expert_align);
   return MC_SUCCESS;
 }
 

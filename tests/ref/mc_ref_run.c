@@ -206,10 +206,18 @@ static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int 
         goto verdict;
       }
       API(st, mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream()));
-      const int64_t want = mc_ref_packed_rows(c, b->ins, st->rank, NULL);
-      if (rows != want) {
-        mc_rr_fail(st->me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows, reference %lld",
-                   (unsigned long long)st->round, st->rank, (long long)rows, (long long)want);
+      /* the rows, and each expert's rows (its pairs rounded up to expert_align) */
+      const int L = mc_ref_local_experts(c), align = c->expert_align > 0 ? c->expert_align : 1;
+      int32_t *pairs = malloc(sizeof(int32_t) * (size_t)L);
+      const int64_t want = pairs ? mc_ref_packed_rows(c, b->ins, st->rank, pairs) : -1;
+      int bad_l = -1;
+      for (int l = 0; pairs && l < L && bad_l < 0; l++)
+        if (b->pcnt[l] != (pairs[l] + align - 1) / align * align) bad_l = l;
+      free(pairs);
+      if (rows != want || bad_l >= 0) {
+        mc_rr_fail(st->me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows (reference %lld)%s",
+                   (unsigned long long)st->round, st->rank, (long long)rows, (long long)want,
+                   bad_l >= 0 ? ", and a local expert's rows differ from its pairs rounded up" : "");
         return -1;
       }
       r.capacity = rows - 1;
