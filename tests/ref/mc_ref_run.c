@@ -241,7 +241,7 @@ verdict:
     if (rc != MC_ERR_CAPACITY || !strstr(mc_a2a_last_error(st->a2a), want)) {
       mc_rr_fail(st->me, rc, "round %llu rank %d: rank %d receives %lld rows over the %lld declared: wanted "
                  "MC_ERR_CAPACITY naming it, got %s: %s", (unsigned long long)st->round, st->rank, over,
-                 (long long)over_rows, (long long)declared, mc_result_string(rc), mc_a2a_last_error(st->a2a));
+                 (long long)over_rows, (long long)all, mc_result_string(rc), mc_a2a_last_error(st->a2a));
       return -1;
     }
     st->me->dropped++;
