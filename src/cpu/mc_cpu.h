@@ -58,6 +58,8 @@ mc_result_t mc_cpu_mask(mc_a2a_t *a2a, const uint8_t *mask); /* mc_cpu_mask.c */
 mc_result_t mc_cpu_dispatch_metas(mc_a2a_t *a2a, int32_t *count);
 /* mc_cpu_dispatch.c: source src's records of this round all arrived, the running total moved on */
 mc_result_t mc_cpu_take_records(mc_a2a_t *a2a, int src, uint32_t *n);
+/* mc_cpu_dispatch.c: the next route entry of the round, for a record from src (no target yet) */
+mc_route_entry_t *mc_cpu_route_next(mc_a2a_t *a2a, int src, const mc_record_header_t *h);
 /* mc_cpu_packed.c: the packed layouts' recv half and count step */
 mc_result_t mc_cpu_dispatch_recv_packed(mc_a2a_t *a2a, const mc_dispatch_args_t *args);
 mc_result_t mc_cpu_dispatch_counts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream);

@@ -197,10 +197,7 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     for (uint32_t i = 0; i < n; i++) {
       const unsigned char *rec = win + mc_disp_recv_off(s, src, (int)i);
       const mc_record_header_t *h = (const mc_record_header_t *)rec;
-      mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, c->n_route++));
-      r->src_rank = src;
-      r->token = h->token;
-      r->n_targets = 0;
+      mc_route_entry_t *r = mc_cpu_route_next(a2a, src, h);
       for (int k = 0; k < K; k++) {
         mc_target_t tg = h->targets[k];
         if (tg.expert / L != me) continue;
@@ -215,6 +212,16 @@ mc_result_t mc_cpu_dispatch_recv(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
     }
   }
   return MC_SUCCESS;
+}
+
+/* The next route entry of this round (combine-send's list of what this
+ * rank received), for a record from src, with no target yet. */
+mc_route_entry_t *mc_cpu_route_next(mc_a2a_t *a2a, int src, const mc_record_header_t *h) {
+  mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(&a2a->shape, mc_cpu(a2a)->n_route++));
+  r->src_rank = src;
+  r->token = h->token;
+  r->n_targets = 0;
+  return r;
 }
 
 /* Source src's records of this round, every one arrived (its RECS signal

@@ -113,10 +113,7 @@ mc_result_t mc_cpu_dispatch_recv_packed(mc_a2a_t *a2a, const mc_dispatch_args_t 
     for (uint32_t i = 0; i < n; i++) {
       const unsigned char *rec = win + mc_disp_recv_off(s, src, (int)i);
       const mc_record_header_t *h = (const mc_record_header_t *)rec;
-      mc_route_entry_t *r = mc_cpu_ws(a2a, mc_ws_route_off(s, c->n_route++));
-      r->src_rank = src;
-      r->token = h->token;
-      r->n_targets = 0;
+      mc_route_entry_t *r = mc_cpu_route_next(a2a, src, h);
       const int64_t prow = sorted ? -1 : next++;
       for (int k = 0; k < K; k++) {
         const mc_target_t tg = h->targets[k];

@@ -90,6 +90,7 @@ int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
   const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
   mc_ref_dispatch(c, b->ins, rank, b->ref_count, b->src_g, b->src_t);
+  if (c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_poison(c, b, rank); /* the recv buffers of a packed layout */
   int bad = 0;
   for (int l = 0; l < L; l++) {
     const size_t at = (size_t)l * cap, n = (size_t)b->ref_count[l], end = band_end(b->ref_count[l], cap);

@@ -13,10 +13,12 @@
  * layout, so the combined output matches the batched reference bit for bit.
  * No batched expert output is made: at 4096 tokens on 8 ranks of one host
  * it would not fit beside the windows. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mc_dtype.h"
+#include "mc_ref_dev.h"
 #include "mc_ref_rank.h"
 
 static int sorted(const mc_case_t *c) { return c->layout == MC_LAYOUT_EXPERT_SORTED; }
@@ -198,7 +200,7 @@ int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round,
   return bad ? -1 : 0;
 }
 
-void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank) {
+int mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank) {
   const int L = mc_ref_local_experts(c), K = cols(c), H = c->hidden;
   const size_t yrow = (size_t)H * mc_dtype_size(c->in_dtype);
   float *acc = malloc(sizeof(float) * (size_t)H);
@@ -222,4 +224,97 @@ void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank) {
   }
   free(acc);
   free(ey);
+  return 0;
+}
+
+/* A call that must succeed: 1, else 0 with the failure recorded. */
+static int ok(mc_run_rank_t *me, mc_a2a_t *a2a, int rank, unsigned long long round, const char *what, mc_result_t rc) {
+  if (rc != MC_SUCCESS)
+    mc_rr_fail(me, rc, "round %llu rank %d: %s -> %s: %s", round, rank, what, mc_result_string(rc),
+               mc_a2a_last_error(a2a));
+  return rc == MC_SUCCESS;
+}
+
+/* The packed layouts' dispatch, between marks 0-3: with a declared
+ * capacity (one call or two halves), or the count step between the halves
+ * with the buffers sized from it (a recv half given one row too few must be
+ * refused first, changing nothing). A round the reference says overflows a
+ * rank's declared capacity must fail on every rank with MC_ERR_CAPACITY
+ * naming the lowest such rank: 1 then (the round is over), 0 when done,
+ * -1 on a failure (recorded). */
+int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const call_in_t *ci, int m, int one_call,
+                          int rank, uint64_t round, int gpu, mc_run_rank_t *me) {
+  const unsigned long long rd = (unsigned long long)round;
+  const int64_t all = c->declare < 0 ? b->prow_max : c->declare; /* what the declaring ranks declare */
+  const int64_t declared = c->odd_counted && rank % 2 ? 0 : all;
+  mc_packed_recv_t r = {sizeof r, declared, b->px,   b->pxs,  b->pre,
+                        b->prw,   b->pcnt,  b->poff, b->psrc, &b->prows};
+  int over = -1; /* the lowest declaring rank (not masked) whose rows exceed its capacity */
+  int64_t over_rows = 0;
+  for (int q = 0; q < c->world_size && all > 0 && over < 0; q++)
+    if (!(c->odd_counted && q % 2) && !(q < 64 && (c->masked >> q & 1)) &&
+        (over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > all)
+      over = q;
+#define PACKED(recv, flags)                                                                                            \
+  mc_dispatch_packed(a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, recv, flags,             \
+                     mc_dev_stream())
+  mc_result_t rc;
+  mc_dev_mark(gpu, 0);
+  if (declared > 0 && one_call) {
+    rc = PACKED(&r, MC_SEND_RECV);
+  } else {
+    if (!ok(me, a2a, rank, rd, "mc_dispatch_packed (send)", PACKED(declared > 0 ? &r : NULL, MC_SEND))) return -1;
+    mc_dev_mark(gpu, 1);
+    if (declared == 0) {
+      int64_t rows = -1;
+      if (over >= 0) { /* the count step drops the round already */
+        rc = mc_dispatch_counts(a2a, &rows, b->pcnt, mc_dev_stream());
+        goto verdict;
+      }
+      if (!ok(me, a2a, rank, rd, "mc_dispatch_counts", mc_dispatch_counts(a2a, &rows, b->pcnt, mc_dev_stream())))
+        return -1;
+      /* the rows, and each expert's rows (its pairs rounded up to expert_align) */
+      const int L = mc_ref_local_experts(c), align = c->expert_align > 0 ? c->expert_align : 1;
+      int32_t *pairs = malloc(sizeof(int32_t) * (size_t)L);
+      const int64_t want = pairs ? mc_ref_packed_rows(c, b->ins, rank, pairs) : -1;
+      int bad_l = -1;
+      for (int l = 0; pairs && l < L && bad_l < 0; l++)
+        if (b->pcnt[l] != (pairs[l] + align - 1) / align * align) bad_l = l;
+      free(pairs);
+      if (rows != want || bad_l >= 0) {
+        mc_rr_fail(me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows (reference %lld)%s", rd, rank,
+                   (long long)rows, (long long)want,
+                   bad_l >= 0 ? ", and a local expert's rows differ from its pairs rounded up" : "");
+        return -1;
+      }
+      r.capacity = rows - 1;
+      if (rows > 0 && (rc = PACKED(&r, MC_RECV)) != MC_ERR_INVALID_ARG) {
+        mc_rr_fail(me, rc, "round %llu rank %d: a recv half with capacity %lld for %lld rows returned %s", rd, rank,
+                   (long long)r.capacity, (long long)rows, mc_result_string(rc));
+        return -1;
+      }
+      r.capacity = rows;
+    }
+    mc_dev_mark(gpu, 2);
+    rc = PACKED(&r, MC_RECV);
+  }
+verdict:
+  mc_dev_mark(gpu, 3);
+#undef PACKED
+  if (over >= 0) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d receives %lld rows", over, (long long)over_rows);
+    if (rc != MC_ERR_CAPACITY || !strstr(mc_a2a_last_error(a2a), want)) {
+      mc_rr_fail(me, rc, "round %llu rank %d: rank %d receives %lld rows over the %lld declared: wanted "
+                 "MC_ERR_CAPACITY naming it, got %s: %s", rd, rank, over, (long long)over_rows, (long long)all,
+                 mc_result_string(rc), mc_a2a_last_error(a2a));
+      return -1;
+    }
+    me->dropped++;
+    return 1;
+  }
+  if (!ok(me, a2a, rank, rd, "mc_dispatch_packed (recv)", rc)) return -1;
+  if (b->prows > me->recv_rows_max) me->recv_rows_max = b->prows;
+  if (r.capacity > me->recv_capacity_max) me->recv_capacity_max = r.capacity;
+  return 0;
 }

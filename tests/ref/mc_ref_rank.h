@@ -75,7 +75,12 @@ int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b);
 void mc_rr_packed_free(bufs_t *b);
 void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank);
 int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
-void mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank);
+int mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank); /* returns 0 */
+/* mc_ref_packed.c: the round's dispatch in a packed layout, between marks
+ * 0-3: 0 done, 1 dropped on every rank as the reference said (a declared
+ * capacity exceeded), -1 failed (recorded in me) */
+int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const call_in_t *ci, int m, int one_call,
+                          int rank, uint64_t round, int gpu, mc_run_rank_t *me);
 
 /* mc_ref_check.c: outputs against the reference (dispatch: after
  * mc_rr_poison_outputs drew its reference), bad calls that must be refused */

@@ -150,7 +150,6 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading inputs failed", (unsigned long long)st->round, st->rank);
     return -1;
   }
-  if (check && c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_poison(c, &st->b, st->rank);
   if (check && mc_rr_poison_outputs(c, &st->b, &st->d, st->rank) != 0) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: poisoning outputs failed", (unsigned long long)st->round, st->rank);
     return -1;
@@ -169,94 +168,11 @@ static int round_barrier(rank_st_t *st) {
   return 0;
 }
 
-/* The packed layouts' dispatch, between marks 0-3: with a declared
- * capacity (one call or two halves), or the count step between the halves
- * with the buffers sized from it (a recv half given one row too few must be
- * refused first, changing nothing). A round the reference says overflows a
- * rank's declared capacity must fail on every rank with MC_ERR_CAPACITY
- * naming the lowest such rank: 1 then (the round is over), 0 when done,
- * -1 on a failure (recorded). */
-static int round_dispatch_packed(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
-  const mc_case_t *c = st->c;
-  bufs_t *b = &st->b;
-  const int64_t all = c->declare < 0 ? b->prow_max : c->declare; /* what the declaring ranks declare */
-  const int64_t declared = c->odd_counted && st->rank % 2 ? 0 : all;
-  mc_packed_recv_t r = {sizeof r, declared, b->px,   b->pxs,  b->pre,
-                        b->prw,   b->pcnt,  b->poff, b->psrc, &b->prows};
-  int over = -1; /* the lowest declaring rank (not masked) whose rows exceed its capacity */
-  int64_t over_rows = 0;
-  for (int q = 0; q < c->world_size && all > 0 && over < 0; q++)
-    if (!(c->odd_counted && q % 2) && !(q < 64 && (c->masked >> q & 1)) &&
-        (over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > all)
-      over = q;
-#define PACKED(recv, flags)                                                                                            \
-  mc_dispatch_packed(st->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, recv, flags,             \
-                     mc_dev_stream())
-  mc_result_t rc;
-  mc_dev_mark(st->gpu, 0);
-  if (declared > 0 && one_call) {
-    rc = PACKED(&r, MC_SEND_RECV);
-  } else {
-    API(st, PACKED(declared > 0 ? &r : NULL, MC_SEND));
-    mc_dev_mark(st->gpu, 1);
-    if (declared == 0) {
-      int64_t rows = -1;
-      if (over >= 0) { /* the count step drops the round already */
-        rc = mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream());
-        goto verdict;
-      }
-      API(st, mc_dispatch_counts(st->a2a, &rows, b->pcnt, mc_dev_stream()));
-      /* the rows, and each expert's rows (its pairs rounded up to expert_align) */
-      const int L = mc_ref_local_experts(c), align = c->expert_align > 0 ? c->expert_align : 1;
-      int32_t *pairs = malloc(sizeof(int32_t) * (size_t)L);
-      const int64_t want = pairs ? mc_ref_packed_rows(c, b->ins, st->rank, pairs) : -1;
-      int bad_l = -1;
-      for (int l = 0; pairs && l < L && bad_l < 0; l++)
-        if (b->pcnt[l] != (pairs[l] + align - 1) / align * align) bad_l = l;
-      free(pairs);
-      if (rows != want || bad_l >= 0) {
-        mc_rr_fail(st->me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows (reference %lld)%s",
-                   (unsigned long long)st->round, st->rank, (long long)rows, (long long)want,
-                   bad_l >= 0 ? ", and a local expert's rows differ from its pairs rounded up" : "");
-        return -1;
-      }
-      r.capacity = rows - 1;
-      if (rows > 0 && (rc = PACKED(&r, MC_RECV)) != MC_ERR_INVALID_ARG) {
-        mc_rr_fail(st->me, rc, "round %llu rank %d: a recv half with capacity %lld for %lld rows returned %s",
-                   (unsigned long long)st->round, st->rank, (long long)r.capacity, (long long)rows,
-                   mc_result_string(rc));
-        return -1;
-      }
-      r.capacity = rows;
-    }
-    mc_dev_mark(st->gpu, 2);
-    rc = PACKED(&r, MC_RECV);
-  }
-verdict:
-  mc_dev_mark(st->gpu, 3);
-#undef PACKED
-  if (over >= 0) {
-    char want[64];
-    snprintf(want, sizeof want, "rank %d receives %lld rows", over, (long long)over_rows);
-    if (rc != MC_ERR_CAPACITY || !strstr(mc_a2a_last_error(st->a2a), want)) {
-      mc_rr_fail(st->me, rc, "round %llu rank %d: rank %d receives %lld rows over the %lld declared: wanted "
-                 "MC_ERR_CAPACITY naming it, got %s: %s", (unsigned long long)st->round, st->rank, over,
-                 (long long)over_rows, (long long)all, mc_result_string(rc), mc_a2a_last_error(st->a2a));
-      return -1;
-    }
-    st->me->dropped++;
-    return 1;
-  }
-  API(st, rc);
-  if (b->prows > st->me->recv_rows_max) st->me->recv_rows_max = b->prows;
-  if (r.capacity > st->me->recv_capacity_max) st->me->recv_capacity_max = r.capacity;
-  return 0;
-}
-
 /* Dispatch as one call or two halves, between marks 0-3. */
 static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
   dbufs_t *d = &st->d;
-  if (st->c->layout != MC_LAYOUT_BATCHED) return round_dispatch_packed(st, ci, m, one_call);
+  if (st->c->layout != MC_LAYOUT_BATCHED)
+    return mc_rr_packed_dispatch(st->c, st->a2a, &st->b, ci, m, one_call, st->rank, st->round, st->gpu, st->me);
   const void *tokens = ci->tokens, *scales = ci->scales;
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(st->a2a, tokens, scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,          \
@@ -296,13 +212,10 @@ static int round_experts(rank_st_t *st, int check) {
                st->rank);
     return -1;
   }
-  if (c->layout != MC_LAYOUT_BATCHED) { /* the rows checked; the experts' outputs as rows */
-    if (check && mc_rr_packed_unpack(c, b, st->rank, st->round, st->me) != 0) return -1;
-    if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
-    mc_rr_packed_rows_y(c, b, st->rank);
-    return 0;
-  }
+  if (check && c->layout != MC_LAYOUT_BATCHED && mc_rr_packed_unpack(c, b, st->rank, st->round, st->me) != 0)
+    return -1; /* the packed rows checked, and back in batched slots for the checks below */
   if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
+  if (c->layout != MC_LAYOUT_BATCHED) return mc_rr_packed_rows_y(c, b, st->rank); /* outputs as rows */
   if (mc_rr_experts_roundtrip(c, b, d, st->rank)) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)st->round,
                st->rank);
@@ -388,9 +301,8 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
    * round, 2 every other round (tests: both paths, and the switch
    * between them), 0 never; split always calls the halves */
   const int one_call = !o->split && (o->whole == 1 || (o->whole == 2 && i % 2 == 1));
-  const int dropped = round_dispatch(st, ci, in->m, one_call);
-  if (dropped < 0) return -1;
-  if (dropped) return 0; /* every rank refused it alike (MC_ERR_CAPACITY): dispatch is next */
+  const int dropped = round_dispatch(st, ci, in->m, one_call); /* 1: every rank dropped it (MC_ERR_CAPACITY) */
+  if (dropped != 0) return dropped < 0 ? -1 : 0;
   if ((check || !st->gpu) && round_experts(st, check) != 0) return -1;
   if (stall_here) { /* stall_in_combine: its peers have its records, not its rows */
     if (o->processes) raise(SIGKILL);
