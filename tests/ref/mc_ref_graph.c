@@ -88,9 +88,9 @@ static int timed_body(void *stream, void *arg) {
   if ((g->rc = mc_a2a_barrier(g->a2a, stream)) != MC_SUCCESS) return 1;
   /* whole: marks 0, 3, 4, 7 only (no event between a send and its recv) */
 #define HALF(k, call)                                                                                                  \
-  if (!g->whole || k % 4 == 0) mc_dev_mark_on(stream, k);                                                             \
+  mc_dev_mark_on(stream, k);                                                                                          \
   if ((g->rc = (call)) != MC_SUCCESS) return 1;                                                                       \
-  if (!g->whole || k % 4 == 2) mc_dev_mark_on(stream, k + 1);
+  mc_dev_mark_on(stream, g->whole ? k + 3 : k + 1);
 #define DISPATCH(flags)                                                                                                \
   (g->floor ? mc_a2a_bench_floor(g->a2a, MC_BENCH_DISPATCH, g->m, flags, stream)                                      \
             : mc_dispatch(g->a2a, ci->tokens, ci->scales, ci->indices, ci->weights, g->m, ci->bound, d->x, d->xs,      \
@@ -98,10 +98,15 @@ static int timed_body(void *stream, void *arg) {
 #define COMBINE(flags)                                                                                                 \
   (g->floor ? mc_a2a_bench_floor(g->a2a, MC_BENCH_COMBINE, g->m, flags, stream)                                       \
             : mc_combine(g->a2a, d->y, d->out, flags, stream))
-  HALF(0, DISPATCH(MC_SEND))
-  HALF(2, DISPATCH(MC_RECV))
-  HALF(4, COMBINE(MC_SEND))
-  HALF(6, COMBINE(MC_RECV))
+  if (g->whole) { /* a phase in one call (MC_SEND_RECV), as an engine makes it and the eager rounds do */
+    HALF(0, DISPATCH(MC_SEND_RECV))
+    HALF(4, COMBINE(MC_SEND_RECV))
+  } else {
+    HALF(0, DISPATCH(MC_SEND))
+    HALF(2, DISPATCH(MC_RECV))
+    HALF(4, COMBINE(MC_SEND))
+    HALF(6, COMBINE(MC_RECV))
+  }
 #undef HALF
 #undef DISPATCH
 #undef COMBINE
