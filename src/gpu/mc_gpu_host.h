@@ -14,7 +14,8 @@ typedef struct mc_gpu {
   mc_dev_error_t *err_d;   /* device view */
   int sms;                 /* SMs this process may use (the MPS share, where there is one) */
   /* the launch plan, decided once at create (mc_gpu_decide_scope, mc_gpu_kernel_limits) */
-  int grid;                /* blocks of the big kernels (MC_THREADS each; combine-send twice as many of half) */
+  int grid;                /* blocks of the big kernels (MC_THREADS each; combine-send twice as many of half;
+                              decode batches on a GPU of its own: mc_gpu_launch.cuh) */
   int alone;               /* no other rank on this GPU */
   int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
   const void *send_one;    /* that kernel, the one for this top-k (and quantising or not) */

@@ -101,13 +101,25 @@ static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int
   if (dsend_one(g, s, m, masked)) return mc_launch_t{mc_one_blocks(s, m, quant, g->grid), MC_THREADS, mc_one_smem_bytes(s), 0};
   return mc_launch_t{g->grid, MC_THREADS, mc_send_smem_bytes(s), 0};
 }
-static mc_launch_t plan_drecv(const mc_gpu_t *g, const mc_shape_t *s) {
-  return mc_launch_t{g->grid, MC_THREADS, mc_drecv_smem_bytes(s), 1};
+/* A decode batch on a GPU of its own (calls of up to one prep chunk, m the
+ * host's count: with bound_m, the most a call may pass): the receiving
+ * kernels on half the SMs, combine-send on one block per SM. A receiving
+ * kernel lasts as long as its slowest block, whose fixed steps (the metas
+ * or rows awaited, the count at its end) every block repeats, and blocks
+ * wait for SMs that sending blocks still hold; a decode batch's records
+ * and rows keep far fewer warps busy than the whole grid holds.
+ * Elsewhere (ranks sharing a GPU, large batches) the grid is the big
+ * kernels' (mc_gpu_host.c). */
+static int decode_batch(const mc_gpu_t *g, const mc_shape_t *s, int m) { return g->alone && m <= mc_prep_chunk(s); }
+static mc_launch_t plan_drecv(const mc_gpu_t *g, const mc_shape_t *s, int m) {
+  return mc_launch_t{decode_batch(g, s, m) ? (g->grid + 1) / 2 : g->grid, MC_THREADS, mc_drecv_smem_bytes(s), 1};
 }
-static mc_launch_t plan_csend(const mc_gpu_t *g, const mc_shape_t *s) {
-  return mc_launch_t{2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), 0};
+static mc_launch_t plan_csend(const mc_gpu_t *g, const mc_shape_t *s, int m) {
+  return mc_launch_t{decode_batch(g, s, m) ? g->grid : 2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), 0};
 }
-static mc_launch_t plan_crecv(const mc_gpu_t *g) { return mc_launch_t{g->grid, MC_THREADS, 0, 1}; }
+static mc_launch_t plan_crecv(const mc_gpu_t *g, const mc_shape_t *s, int m) {
+  return mc_launch_t{decode_batch(g, s, m) ? (g->grid + 1) / 2 : g->grid, MC_THREADS, 0, 1};
+}
 
 /* Launch fn as planned. A receiving kernel, with g->pdl, is a programmatic
  * dependent of the kernel before it on the stream (mc_pdl_wait, mc_dev.cuh);
@@ -167,15 +179,15 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   }
   case MC_PHASE_DRECV:
     e = launch(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv,
-               plan_drecv(g, s), st, &ka);
+               plan_drecv(g, s, ka.m), st, &ka);
     break;
   case MC_PHASE_CSEND:
     e = launch(g, masked ? (const void *)mc_k_combine_send_masked : (const void *)mc_k_combine_send,
-               plan_csend(g, s), st, &ka);
+               plan_csend(g, s, a2a->round_m), st, &ka);
     break;
   case MC_PHASE_CRECV:
-    e = launch(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv, plan_crecv(g),
-               st, &ka);
+    e = launch(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv,
+               plan_crecv(g, s, a2a->round_m), st, &ka);
     break;
   }
   if (e == cudaSuccess) e = cudaGetLastError();
@@ -195,10 +207,10 @@ static mc_result_t mc_gpu_bench_floor(mc_a2a_t *a2a, int combine, int m, unsigne
   const int masked = ka.mask != NULL;
   cudaError_t e = cudaSuccess;
   if (flags & MC_SEND)
-    e = launch(g, (const void *)mc_k_floor_send, combine ? plan_csend(g, s) : plan_dsend(g, s, m, ka.quant, masked), st,
+    e = launch(g, (const void *)mc_k_floor_send, combine ? plan_csend(g, s, m) : plan_dsend(g, s, m, ka.quant, masked), st,
                &ka);
   if (e == cudaSuccess && (flags & MC_RECV))
-    e = launch(g, (const void *)mc_k_floor_recv, combine ? plan_crecv(g) : plan_drecv(g, s), st, &ka);
+    e = launch(g, (const void *)mc_k_floor_recv, combine ? plan_crecv(g, s, m) : plan_drecv(g, s, m), st, &ka);
   if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "mc_a2a_bench_floor: kernel launch");
 }
