@@ -86,6 +86,52 @@ def test_layer_matches_dense(ws, gs, dtype, bound):
         assert max(errs) <= tol, f"rank {rank}: max relative error {max(errs)} over {tol} (MC_SEED={seed})"
 
 
+@pytest.mark.parametrize("ws,align", [(1, 1), (2, 4), (4, 1)])
+def test_layer_prefill_matches_dense(ws, align):
+    """Calls past max_tokens take the expert-sorted layout (grouped_experts
+    on contiguous rows), calls up to it the batched one, on one layer."""
+    seed = _seed()
+    print(f"MC_SEED={seed}")
+    wr, we = _weights(seed)
+    L, P = E // ws, 3 * T
+
+    def rank_fn(rank, comm):
+        g = torch.Generator().manual_seed(seed * 37 + rank)
+        local = we[rank * L:(rank + 1) * L]
+
+        def experts(ex, count, _scale):
+            return torch.bmm(ex.float(), local).to(layer.y_dtype)
+
+        def grouped(rows):
+            assert rows.x.shape == (rows.rows, H) and rows.expert_offset.shape == (L + 1,)
+            y = torch.full((rows.rows, H), float("nan"), dtype=layer.y_dtype)  # padding rows: never read
+            for l in range(L):
+                a, n = int(rows.expert_offset[l]), int(rows.expert_count[l])
+                assert a % align == 0 and (rows.row_expert[a:a + n] == l).all()
+                y[a:a + n] = (rows.x[a:a + n].float() @ local[l]).to(layer.y_dtype)
+            return y
+
+        errs = []
+        with moecomm.MoELayer(comm, max_tokens=T, num_experts=E, experts_per_token=K, hidden=H,
+                              dtype=torch.float32, prefill_tokens=P, expert_align=align) as layer:
+            for step in range(4):
+                m = int(torch.randint(T + 1, P + 1, (), generator=g)) if step % 2 == 0 else T
+                x = torch.randn(m, H, generator=g)
+                w, ids = _route(x, wr)
+                layer.out.fill_(float("nan"))
+                out = layer(x, ids, w, experts, grouped_experts=grouped)
+                assert out.shape == (m, H)
+                ref, mag = _dense(x, w, ids, we, torch.float32)
+                errs.append(((out.float() - ref).abs() / (mag + 1e-6)).max().item())
+            with pytest.raises(moecomm.MoecommInvalid, match="grouped_experts"):
+                layer(torch.zeros(T + 1, H), torch.zeros(T + 1, K, dtype=torch.int64), torch.zeros(T + 1, K),
+                      experts)
+        return errs
+
+    for rank, errs in enumerate(run_threads(ws, rank_fn)):
+        assert max(errs) <= 1e-5, f"rank {rank}: max relative error {max(errs)} (MC_SEED={seed})"
+
+
 def test_layer_refuses_int32_ids_unless_asked():
     def rank_fn(rank, comm):
         x = torch.randn(2, H)
