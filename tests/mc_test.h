@@ -68,6 +68,9 @@ struct mc_case;
 struct mc_run_opts;
 void mc_test_stall_setup(uint64_t seed, int world, int stalled, int timeout_ms, struct mc_case *c,
                          struct mc_run_opts *o);
+/* test_protocol.c: run a case (mc_run) and fail with the first rank's
+ * message and the case (mc_ref_describe). */
+int mc_test_run_case(const struct mc_case *c, const struct mc_run_opts *o);
 /* A stalled rank (world / 2) makes the other world - 1 time out (test_failures.c;
  * the GPU tests use it too). */
 int mc_test_check_stall(mc_transport_t transport, int processes, int timeout_ms, int world);

@@ -12,21 +12,6 @@
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
-static int run_case(const mc_case_t *c, const mc_run_opts_t *o) {
-  mc_run_result_t res;
-  int failed = mc_run(c, o, &res);
-  char desc[400];
-  mc_ref_describe(c, desc, sizeof desc);
-  if (failed != 0) {
-    fprintf(stderr, "case: %s, layout %d align %d declare %lld\n%s\n", desc, c->layout, c->expert_align,
-            (long long)c->declare, failed < 0 ? "could not start" : mc_run_first_failure(&res));
-    mc_run_free(&res);
-    return 1;
-  }
-  mc_run_free(&res);
-  return 0;
-}
-
 static uint64_t case_seed(int i) { return mc_test_seed * 1000003ull + 7919u * (uint64_t)i; }
 
 /* The batched layout's random cases, each in both packed layouts; the
@@ -43,7 +28,7 @@ int test_random_packed(void) {
     o.rounds = 3;
     o.whole = 2;
     o.split = i % 8 == 7;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -76,7 +61,7 @@ int test_packed_edges(void) {
     o.processes = i == 5;
     o.handles = i >= 8 ? 2 : 1;
     o.split = i == 9;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }

@@ -8,8 +8,7 @@
 #include "mc_ref_run.h"
 #include "mc_test.h"
 
-/* Run a case and fail with the first rank's message and the case. */
-static int run_case(const mc_case_t *c, const mc_run_opts_t *o) {
+int mc_test_run_case(const mc_case_t *c, const mc_run_opts_t *o) {
   mc_run_result_t res;
   int failed = mc_run(c, o, &res);
   char desc[400];
@@ -32,7 +31,7 @@ int test_random_configs(void) {
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
     o.split = i % 2;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -47,7 +46,7 @@ int test_world_sizes(void) {
     if (c.topk > c.num_experts) c.topk = c.num_experts;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 2;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -77,7 +76,7 @@ int test_quant_dispatch(void) {
     o.inject_bad = i % 4 == 1;
     o.processes = i % 5 == 2;
     o.quant_apart = i % 4 == 3;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -93,7 +92,7 @@ int test_group_sizes(void) {
     c.topk = 6;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -111,7 +110,7 @@ int test_dtypes(void) {
       c.out_dtype = (mc_dtype_t)out;
       mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
       o.rounds = 2;
-      MC_CHECK(run_case(&c, &o) == 0);
+      MC_CHECK(mc_test_run_case(&c, &o) == 0);
     }
   return 0;
 }
@@ -131,7 +130,7 @@ int test_payload_sizes(void) {
     c.hidden = 64;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 2;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -142,7 +141,7 @@ int test_deepseek_shape(void) {
   c.seed = mc_test_seed;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 2;
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -158,7 +157,7 @@ int test_zero_tokens(void) {
     c.max_tokens = 1 + i; /* small: m = 0 comes often, and m = 1 */
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 12;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -176,9 +175,9 @@ int test_one_expert(void) {
   c.use_bound_m = 0;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   c.topk = 4; /* and every token to the same four experts */
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -193,7 +192,7 @@ int test_bound_m(void) {
     c.use_bound_m = 1;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 8;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -208,7 +207,7 @@ int test_split_halves(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 6;
   o.split = 1; /* other work between each send and its recv */
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -230,7 +229,7 @@ int test_many_rounds(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 2000;
   o.split = 1;
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -244,7 +243,7 @@ int test_many_handles(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 9;
   o.handles = 3; /* three layers' handles alive, used in turn */
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -259,7 +258,7 @@ int test_processes(void) {
   o.rounds = 20;
   o.processes = 1;
   o.split = 1;
-  MC_CHECK(run_case(&c, &o) == 0);
+  MC_CHECK(mc_test_run_case(&c, &o) == 0);
   return 0;
 }
 
@@ -283,7 +282,7 @@ int test_int64_ids(void) {
     o.ids64 = 1;
     o.inject_bad = 1;
     o.processes = i == 3;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }
@@ -301,7 +300,7 @@ int test_bad_calls_change_nothing(void) {
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
     o.inject_bad = 1;
-    MC_CHECK(run_case(&c, &o) == 0);
+    MC_CHECK(mc_test_run_case(&c, &o) == 0);
   }
   return 0;
 }

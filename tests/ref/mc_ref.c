@@ -306,4 +306,8 @@ void mc_ref_describe(const mc_case_t *c, char *buf, size_t n) {
            c->hidden, dt[c->in_dtype], dt[c->out_dtype], c->routing, c->zero_tokens, c->use_bound_m,
            c->no_weights, c->quant == MC_REF_QUANT_FP32 ? " quant=fp32" : c->quant ? " quant=ue8m0" : "",
            (unsigned long long)c->seed);
+  const size_t used = strlen(buf);
+  if (c->layout != 0 && used < n) /* the packed layouts (MC_LAYOUT_BATCHED is 0) */
+    snprintf(buf + used, n - used, " layout=%s align=%d declare=%lld odd_counted=%d",
+             c->layout == 1 ? "packed" : "sorted", c->expert_align, (long long)c->declare, c->odd_counted);
 }
