@@ -89,11 +89,61 @@ void mc_rr_check_combine(const mc_case_t *c, bufs_t *b, int rank, uint64_t round
 int mc_rr_inject_bad_calls(const mc_case_t *c, mc_a2a_t *a2a, const mc_input_t *in, const call_in_t *ci, bufs_t *b,
                            dbufs_t *d, int rank, uint64_t round, mc_run_rank_t *me);
 
-/* mc_ref_run.c: the four phase samples of round r from the marks (whole:
- * marks 0-3 and 4-7 only, the spans go to the send slots, 0 to the recv) */
-void mc_rr_store_samples(double *samples, int nsamples, int r, int gpu, int whole);
 /* mc_ref_run.c: every rank through the out-of-band allgather; 0 on success */
 int mc_rr_oob_barrier(const mc_oob_t *oob);
+
+/* A run (the harness's state shared by its ranks) and one rank's state in it (mc_ref_run.c's round loop). */
+typedef struct run_ctx {
+  const mc_case_t *c;
+  const mc_run_opts_t *o;
+  mc_run_result_t *res;
+  int rank;
+  mc_oob_t oob;
+} run_ctx_t;
+
+typedef struct rank_st {
+  run_ctx_t *ctx;
+  const mc_case_t *c;
+  const mc_run_opts_t *o;
+  mc_run_rank_t *me;
+  int rank, gpu, nh;
+  double *samples; /* [MC_PH_COUNT][rounds] of this rank */
+  mc_comm_t *comm;
+  mc_a2a_t *hs[64], *a2a; /* a2a: the handle of the current round */
+  bufs_t b;
+  dbufs_t d;
+  uint64_t round;
+  size_t obytes;
+  int64_t *load; /* [2][L]: mc_a2a_get_expert_load before and after a checked round */
+  mc_case_t masked_case; /* mask_stalled: the case with the stalled rank masked (c points here then) */
+} rank_st_t;
+
+/* A library call that must succeed: on failure record it and return -1
+ * from the calling step. */
+#define API(st, call)                                                                                                  \
+  do {                                                                                                                 \
+    mc_result_t rc_ = (call);                                                                                          \
+    if (rc_ != MC_SUCCESS) {                                                                                           \
+      mc_rr_fail((st)->me, rc_, "round %llu rank %d: %s -> %s: %s", (unsigned long long)(st)->round, (st)->rank,       \
+                 #call, mc_result_string(rc_),                                                                         \
+                 (st)->a2a    ? mc_a2a_last_error((st)->a2a)                                                           \
+                 : (st)->comm ? mc_comm_last_error((st)->comm)                                                         \
+                              : mc_last_error());                                                                      \
+      return -1;                                                                                                       \
+    }                                                                                                                  \
+  } while (0)
+
+/* mc_ref_run.c: the host barrier, then (GPU) the ranks' streams lined up
+ * with mc_a2a_barrier, as before every timed round. 0, or -1 (recorded). */
+int mc_rr_round_barrier(rank_st_t *st);
+
+/* mc_ref_bench.c: the four phase samples of round r from the marks (whole:
+ * marks 0-3 and 4-7 only, the spans go to the send slots, 0 to the recv);
+ * --floor, eager, the phases' empty kernels for calls of m tokens (0, or -1
+ * recorded); the dense all-to-all baselines of the same payload. */
+void mc_rr_store_samples(double *samples, int nsamples, int r, int gpu, int whole);
+int mc_rr_floor(rank_st_t *st, int m);
+void mc_rr_baselines(rank_st_t *st);
 
 /* mc_ref_graph.c: the timed CUDA-graph mode: one round (mc_a2a_barrier, then
  * the four halves, each between two marks) captured once, replayed after a

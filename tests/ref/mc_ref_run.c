@@ -22,30 +22,14 @@
 #include <unistd.h>
 
 #include "mc_dtype.h"
-#include "moecomm_bench.h"
 #include "mc_ref_dev.h"
 #include "mc_testing.h"
 #include "mc_ref_rank.h"
-
-typedef struct run_ctx {
-  const mc_case_t *c;
-  const mc_run_opts_t *o;
-  mc_run_result_t *res;
-  int rank;
-  mc_oob_t oob;
-} run_ctx_t;
 
 static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-void mc_rr_store_samples(double *samples, int nsamples, int r, int gpu, int whole) {
-  samples[MC_PH_DISPATCH_SEND * nsamples + r] = mc_dev_elapsed_us(gpu, 0, whole ? 3 : 1);
-  samples[MC_PH_DISPATCH_RECV * nsamples + r] = whole ? 0 : mc_dev_elapsed_us(gpu, 2, 3);
-  samples[MC_PH_COMBINE_SEND * nsamples + r] = mc_dev_elapsed_us(gpu, 4, whole ? 7 : 5);
-  samples[MC_PH_COMBINE_RECV * nsamples + r] = whole ? 0 : mc_dev_elapsed_us(gpu, 6, 7);
 }
 
 int mc_rr_oob_barrier(const mc_oob_t *oob) {
@@ -57,38 +41,6 @@ int mc_rr_oob_barrier(const mc_oob_t *oob) {
 }
 
 /* One rank's run: its handles, buffers and where it stands. */
-typedef struct rank_st {
-  run_ctx_t *ctx;
-  const mc_case_t *c;
-  const mc_run_opts_t *o;
-  mc_run_rank_t *me;
-  int rank, gpu, nh;
-  double *samples; /* [MC_PH_COUNT][rounds] of this rank */
-  mc_comm_t *comm;
-  mc_a2a_t *hs[64], *a2a; /* a2a: the handle of the current round */
-  bufs_t b;
-  dbufs_t d;
-  uint64_t round;
-  size_t obytes;
-  int64_t *load; /* [2][L]: mc_a2a_get_expert_load before and after a checked round */
-  mc_case_t masked_case; /* mask_stalled: the case with the stalled rank masked (c points here then) */
-} rank_st_t;
-
-/* A library call that must succeed: on failure record it and return -1
- * from the calling step. */
-#define API(st, call)                                                                                                  \
-  do {                                                                                                                 \
-    mc_result_t rc_ = (call);                                                                                          \
-    if (rc_ != MC_SUCCESS) {                                                                                           \
-      mc_rr_fail((st)->me, rc_, "round %llu rank %d: %s -> %s: %s", (unsigned long long)(st)->round, (st)->rank,       \
-                 #call, mc_result_string(rc_),                                                                         \
-                 (st)->a2a    ? mc_a2a_last_error((st)->a2a)                                                           \
-                 : (st)->comm ? mc_comm_last_error((st)->comm)                                                         \
-                              : mc_last_error());                                                                      \
-      return -1;                                                                                                       \
-    }                                                                                                                  \
-  } while (0)
-
 /* Buffers, the communicator and the handles. 0, or -1 (recorded). */
 static int rank_setup(rank_st_t *st) {
   const mc_case_t *c = st->c;
@@ -159,7 +111,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
 
 /* Host barrier, then (GPU) the ranks' streams lined up on the device: the
  * host barrier leaves launch skew between processes. */
-static int round_barrier(rank_st_t *st) {
+int mc_rr_round_barrier(rank_st_t *st) {
   if (mc_rr_oob_barrier(&st->ctx->oob) != 0) {
     mc_rr_fail(st->me, 0, "rank %d: host barrier failed: %s", st->rank, mc_last_error());
     return -1;
@@ -296,7 +248,7 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
       mc_rr_inject_bad_calls(st->c, st->a2a, in, ci, &st->b, &st->d, st->rank, st->round, st->me))
     return -1;
   mc_dev_sync(st->gpu);
-  if (o->barrier && round_barrier(st) != 0) return -1;
+  if (o->barrier && mc_rr_round_barrier(st) != 0) return -1;
   /* each phase as one call (MC_SEND_RECV) or as two halves: whole 1 every
    * round, 2 every other round (tests: both paths, and the switch
    * between them), 0 never; split always calls the halves */
@@ -313,53 +265,6 @@ static int rank_round(rank_st_t *st, int i, int total, call_in_t *ci) {
     mc_rr_store_samples(st->samples, st->ctx->res->rounds, i - o->warmup, st->gpu, st->gpu && one_call);
   API(st, mc_a2a_check(st->a2a));
   return check ? round_check_combine(st, in, &before) : 0;
-}
-
-/* --floor, eager: each phase's empty kernels (mc_a2a_bench_floor) for a
- * call of m tokens, between the marks of a round, after the same host and
- * device alignment. */
-static int rank_floor(rank_st_t *st, int m) {
-  const mc_run_opts_t *o = st->o;
-  mc_run_result_t *res = st->ctx->res;
-  double *samples = res->floor_us + (size_t)st->rank * MC_PH_COUNT * (size_t)res->rounds;
-  const int whole = o->whole == 1;
-  void *s = mc_dev_stream();
-  for (int i = 0; i < o->warmup + o->rounds; i++) {
-    mc_dev_sync(st->gpu); /* as before a round */
-    if (round_barrier(st) != 0) return -1;
-    for (int ph = MC_BENCH_DISPATCH; ph <= MC_BENCH_COMBINE; ph++) {
-      const int k = 4 * ph; /* marks k..k+3, as round_dispatch and round_combine */
-      mc_dev_mark(st->gpu, k);
-      if (whole) {
-        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_SEND_RECV, s));
-      } else {
-        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_SEND, s));
-        mc_dev_mark(st->gpu, k + 1);
-        mc_dev_mark(st->gpu, k + 2);
-        API(st, mc_a2a_bench_floor(st->a2a, ph, m, MC_RECV, s));
-      }
-      mc_dev_mark(st->gpu, k + 3);
-    }
-    mc_dev_sync(st->gpu);
-    if (i >= o->warmup) mc_rr_store_samples(samples, res->rounds, i - o->warmup, st->gpu, whole);
-  }
-  return 0;
-}
-
-/* The dense all-to-all baselines of the same payload. */
-static void rank_baselines(rank_st_t *st) {
-  const mc_run_opts_t *o = st->o;
-  mc_run_result_t *res = st->ctx->res;
-  mc_dev_sync(st->gpu);
-  mc_result_t drc = mc_comm_bench_dense_alltoall(st->comm, o->dense_bytes, o->warmup, o->rounds,
-                                                 res->dense_us + (size_t)st->rank * res->rounds);
-  if (st->rank == 0) res->dense_rc = drc;
-  if (st->rank == 0 && drc != MC_SUCCESS) fprintf(stderr, "dense baseline: %s\n", mc_comm_last_error(st->comm));
-  if (o->extra_baseline) {
-    int xrc = o->extra_baseline(&st->ctx->oob, o->dense_bytes, o->warmup, o->rounds,
-                                res->extra_us + (size_t)st->rank * res->rounds);
-    if (st->rank == 0) res->extra_rc = xrc;
-  }
 }
 
 /* mask_stalled: the round the stalled rank broke ended in a timeout (or in
@@ -419,8 +324,8 @@ static int rank_work(rank_st_t *st) {
   if (o->floor && timed_graph && !st->me->failed && st->a2a)
     mc_rr_time_graph(o, st->rank, st->a2a, &st->d, &ci, m, &st->ctx->oob, 1,
                      res->floor_us + (size_t)st->rank * MC_PH_COUNT * (size_t)res->rounds, res->rounds, st->me);
-  if (o->floor && st->gpu && !timed_graph && !st->me->failed && rank_floor(st, m) != 0) return -1;
-  if (o->dense_bytes && !st->me->failed) rank_baselines(st);
+  if (o->floor && st->gpu && !timed_graph && !st->me->failed && mc_rr_floor(st, m) != 0) return -1;
+  if (o->dense_bytes && !st->me->failed) mc_rr_baselines(st);
   return 0;
 }
 
