@@ -9,13 +9,12 @@
 
 #define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: 2 blocks of 256 per SM at <= 128 registers */
 
-/* combine-recv: every row segment src owes this rank */
-MC_DEV int mc_wait_rows(const mc_kargs_t &a, int src, uint64_t round) {
+/* combine-recv: src's running total of row segments once it has sent
+ * every one it owes this rank this round */
+MC_DEV uint64_t mc_rows_target(const mc_kargs_t &a, int src) {
   const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
   const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(&a.s));
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src),
-                        seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s),
-                        MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS, round);
+  return seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s);
 }
 
 
@@ -145,8 +144,14 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
    * while the rows are awaited, not after */
   int nd0 = 0, d00 = 0;
   if (gw < m_eff * segs) nd0 = n_dests[gw / segs], d00 = dests[(int64_t)(gw / segs) * K];
-  for (int src = tid; src < W; src += blockDim.x)
-    if (mc_wait_rows(a, src, round)) abort_ = 1;
+  uint64_t mine = 0; /* source tid's total after this round, for the last block's update */
+  for (int src = tid; src < W; src += blockDim.x) {
+    const uint64_t target = mc_rows_target(a, src);
+    if (src == tid) mine = target;
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), target, MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS,
+                       round))
+      abort_ = 1;
+  }
   __syncthreads();
   if (abort_) return;
   mc_trace_point(&a, MC_TK_CRECV, 0);
@@ -174,12 +179,17 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   __syncthreads();
   if (abort_) return;
   mc_trace_end(&a, MC_TK_CRECV);
+  __shared__ int last;
   if (tid == 0) { /* last block out; no fence, as in dispatch-recv */
-    unsigned int done = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u);
+    last = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u) == gridDim.x - 1;
     mc_trace_point(&a, MC_TK_CRECV, 2);
-    if (done == gridDim.x - 1) {
-      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
-      for (int src = 0; src < W; src++) seen_w[MC_SIG_COMB_ROWS * W + src] += (uint64_t)expect[src] * segs;
+  }
+  __syncthreads();
+  if (last) { /* stores only: each thread's source's total was made before the wait */
+    uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_COMB_ROWS * W;
+    for (int src = tid; src < W; src += blockDim.x)
+      seen_w[src] = src == tid ? mine : seen_w[src] + (uint64_t)expect[src] * segs;
+    if (tid == 0) {
       sc[MC_WS_DONE_CRECV] = 0;
       mc_trace_point(&a, MC_TK_CRECV, 3);
     }

@@ -7,9 +7,11 @@
 #ifndef MC_GPU_DISPATCH_RECV_CUH
 #define MC_GPU_DISPATCH_RECV_CUH
 
-/* Dynamic shared memory: base[W][L], prefix[W + 1]. */
+/* Dynamic shared memory: seen[W] (uint64: each source's record pieces
+ * before this round), then base[W][L], prefix[W + 1]. */
 static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
-  return sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
+  return sizeof(uint64_t) * (size_t)s->world_size +
+         sizeof(uint32_t) * ((size_t)s->world_size * mc_num_local_experts(s) + (size_t)s->world_size + 1);
 }
 
 /* What dispatch-recv waits for from rank src, written once (combine-recv's:
@@ -18,13 +20,13 @@ MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
   return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
                         round);
 }
-/* after src's meta: every piece of every record it announced there (the
- * running total moves on after dispatch-recv) */
-MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
-  const uint64_t *seen = (const uint64_t *)(a.ws + mc_ws_seen_off(&a.s));
-  const uint32_t records = ((const uint32_t *)(a.win + mc_disp_meta_off(&a.s, src)))[0];
+/* after src's meta: every piece of the records it announced there, from
+ * what this block holds already (the running total before this round, the
+ * records from the prefix over the metas): the wait is the one memory
+ * round trip between the slot bases and the copy */
+MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round, const uint64_t *seen, const uint32_t *prefix) {
   return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_RECS, src),
-                        seen[MC_SIG_DISP_RECS * a.s.world_size + src] + records * mc_record_pieces(&a.s),
+                        seen[src] + (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(&a.s),
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 
@@ -37,17 +39,22 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round) {
  * into every slot of this rank's experts; the warp of the first piece
  * writes the record's route entry for combine. The last block to finish
  * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round) {
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
   const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
   const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
   extern __shared__ uint32_t smem[];
-  uint32_t *base = smem, *prefix = smem + W * L; /* [W][L], [W+1] */
+  uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
+  uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
   __shared__ int abort_;
   mc_trace_start(&a, MC_TK_DRECV);
   if (tid == 0) abort_ = 0;
+  /* the running totals, which only this kernel's last block moves on (once
+   * every block has read them), loaded while the metas are awaited */
+  const uint64_t *seen_g = (const uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
+  for (int src = tid; src < W; src += blockDim.x) seen[src] = seen_g[src];
   __syncthreads();
   for (int src = tid; src < W; src += blockDim.x)
     if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
@@ -114,7 +121,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     }
     if (src != waited_src) {
       int fail = 0;
-      if (lane == 0) fail = mc_wait_records(a, src, round);
+      if (lane == 0) fail = mc_wait_records(a, src, round, seen, prefix);
       if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
       __syncwarp(); /* lane 0's acquire before every lane's loads of the records */
       waited_src = src;
@@ -179,12 +186,13 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
     mc_trace_point(&a, MC_TK_DRECV, 3);
     if (done == gridDim.x - 1) {
-      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s));
+      /* stores only: the values before were read at the start */
+      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
       for (int src = 0; src < W; src++)
-        seen_w[MC_SIG_DISP_RECS * W + src] += (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
+        seen_w[src] = seen[src] + (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
       sc[MC_WS_N_ROUTE] = (uint32_t)total;
       *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
+      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = call;
       sc[MC_WS_DONE_DRECV] = 0;
       mc_trace_point(&a, MC_TK_DRECV, 4);
     }
@@ -210,7 +218,7 @@ MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
   }
   __syncthreads();
   if (outcome == 2 * call) {
-    mc_dispatch_recv_body(a, masking, round);
+    mc_dispatch_recv_body(a, masking, round, call);
   } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
     __threadfence();
