@@ -455,6 +455,36 @@ int test_gpu_bad_input(void) {
   return 0;
 }
 
+/* Decode batches: a call of at most 32 (token, k) pairs where a group is
+ * one rank has a prep of its own on the GPU (a warp, a lane a pair): its
+ * slots, its refusals of bad ids (out of range, twice, past 2^32 with
+ * int64 ids) and the good rounds after them, at top-k 8, 2, 16, 6 and 3
+ * with m and bound_m drawn up to two past that size (calls of either
+ * prep, none too), on 1, 2 and 8 ranks; and groups of two at the same
+ * sizes, which take the general prep. */
+int test_gpu_few_tokens(void) {
+  REQUIRE_GPU();
+  /* top-k of the kernels of their own (8, 6, 2) and of the generic one (16, 3); max_tokens two past
+   * the one-warp prep's most, so that the calls switch between the two preps */
+  static const int ks[] = {8, 2, 16, 6, 3};
+  for (int g = 1; g <= 2; g++)
+    for (int i = 0; i < 5; i++) {
+      mc_case_t c;
+      small_case(&c, g == 2 ? 2 : i % 3 == 0 ? 1 : i % 3 == 1 ? 2 : 8, g, 40 + 5 * g + i); /* a rank alone too */
+      c.topk = ks[i];
+      c.max_tokens = 32 / ks[i] + 2;
+      c.zero_tokens = 1;
+      c.num_experts = c.world_size * 16;
+      c.use_bound_m = 1;
+      mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+      o.rounds = 6;
+      o.inject_bad = 1;
+      o.ids64 = i == 0;
+      MC_CHECK(run_gpu(&c, &o) == 0);
+    }
+  return 0;
+}
+
 /* int64 top-k ids read in place by the prep: good rounds against the
  * reference, and refusals where an id is past 2^32 (the device must check
  * the full width before narrowing), at the DeepSeek-V3 shape too. */

@@ -277,7 +277,10 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   /* a count out of range: every block, to refuse it in the prep */
   const int nb = m < 0 || m > a.m ? (int)gridDim.x : mc_one_blocks(s, m, quant, gridDim.x);
   if ((int)blockIdx.x >= nb) return;
-  const int m_eff = mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round, m); /* no rank masked: mc_gpu_launch.cuh */
+  /* no rank masked (mc_gpu_launch.cuh); a decode call of a group of one rank: the one-warp prep */
+  const int m_eff = s->group_size == 1 && m >= 0 && m <= a.m && m * K <= 32
+                        ? mc_prep_tiny(a, K, round, m)
+                        : mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round, m);
   if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
     extern __shared__ uint32_t smem[];
     int begin, end;
