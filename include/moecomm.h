@@ -413,7 +413,9 @@ MC_API mc_result_t mc_dispatch(mc_a2a_t *a2a, const void *tokens, const void *sc
  *   rank's rows and capacity. A round where any rank's rows exceed its
  *   capacity fails on every rank's recv half with MC_ERR_CAPACITY naming that
  *   rank (the round is dropped: its records are consumed unread, combine is
- *   not called, dispatch is next). The recv half's capacity must be at least
+ *   not called, dispatch is next; on GPUs the failure is reported by a later
+ *   call or mc_a2a_check, and a dispatch queued before that report is
+ *   refused on the device too). The recv half's capacity must be at least
  *   the declared one.
  * - Counted: the send half's recv is NULL or its capacity 0; then call
  *   mc_dispatch_counts after the send half and before the recv half, and

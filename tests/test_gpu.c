@@ -113,6 +113,44 @@ int test_gpu_ep_sizes(void) {
   return 0;
 }
 
+/* The packed layouts on the GPU against the reference: both layouts at
+ * EP 1, 2, 4 and 8, the capacity counted between the halves or declared by
+ * the send half (the harness's largest, or 20 rows that the skewed rounds
+ * exceed: every rank must then fail with MC_ERR_CAPACITY naming the rank,
+ * and the rounds after pass), groups of two, and the DeepSeek-V3 shape. */
+int test_gpu_packed(void) {
+  REQUIRE_GPU();
+  static const int worlds[] = {1, 2, 4, 8};
+  for (int i = 0; i < 8; i++) {
+    const int w = worlds[i % 4];
+    if (cap_world(w) != w) continue;
+    mc_case_t c;
+    small_case(&c, w, i >= 4 && w > 1 ? 2 : 1, 60 + i);
+    c.token_bytes = 1024;
+    c.scale_bytes = 32;
+    c.layout = i % 2 ? MC_LAYOUT_EXPERT_SORTED : MC_LAYOUT_PACKED;
+    c.expert_align = c.layout == MC_LAYOUT_EXPERT_SORTED ? 4 << (i % 3) : 1;
+    c.routing = i % 3 == 2 ? MC_ROUTING_SKEWED : c.routing;
+    c.declare = i % 3 == 0 ? 0 : i % 3 == 1 ? -1 : 20;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 5;
+    o.whole = 2;
+    MC_CHECK(run_gpu(&c, &o) == 0);
+  }
+  for (int layout = MC_LAYOUT_PACKED; layout <= MC_LAYOUT_EXPERT_SORTED; layout++) {
+    mc_case_t c;
+    mc_ref_deepseek_case(cap_world(8), 64, &c);
+    c.seed = mc_test_seed;
+    c.layout = layout;
+    c.expert_align = layout == MC_LAYOUT_EXPERT_SORTED ? 128 : 1;
+    c.declare = layout == MC_LAYOUT_PACKED ? 0 : -1;
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 3;
+    MC_CHECK(run_gpu(&c, &o) == 0);
+  }
+  return 0;
+}
+
 int test_gpu_deepseek_shape(void) {
   REQUIRE_GPU();
   mc_case_t c;

@@ -80,6 +80,7 @@ MC_TEST(oob_socket_other_user)
 /* GPU transports (skip where no GPU; run under scripts/mc-launch.sh) */
 MC_TEST(gpu_ep_sizes)
 MC_TEST(gpu_deepseek_shape)
+MC_TEST(gpu_packed)
 MC_TEST(gpu_prep_passes)
 MC_TEST(gpu_topk_kernels)
 MC_TEST(gpu_quant_dispatch)

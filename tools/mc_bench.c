@@ -162,8 +162,10 @@ static void print_json(int argc, char **argv, const bench_args_t *a, const mc_ru
          "\"combine\": %.0f, \"combine_per_expert_design\": %.0f},\n",
          m->disp, m->disp_pe, m->comb, m->comb_pe);
   if (o->dense_bytes)
-    printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
-           o->dense_bytes * (size_t)W, m->dense_med, m->dense_p99, res->dense_rc);
+    printf(" \"dense_alltoall\": {\"bytes_per_rank\": %zu, \"padded\": %s, \"median_us\": %.2f, \"p99_us\": %.2f, "
+           "\"rc\": %d},\n",
+           o->dense_bytes * (size_t)W, c->layout == MC_LAYOUT_BATCHED ? "true" : "false", m->dense_med, m->dense_p99,
+           res->dense_rc);
   if (o->extra_baseline)
     printf(" \"nccl_alltoall\": {\"bytes_per_rank\": %zu, \"median_us\": %.2f, \"p99_us\": %.2f, \"rc\": %d},\n",
            o->dense_bytes * (size_t)W, m->nccl_med, m->nccl_p99, res->extra_rc);
@@ -214,8 +216,9 @@ static void print_table(const bench_args_t *a, const mc_run_result_t *res, const
   printf("    combine                     %10.0f   %10.0f          %.2f\n", m->comb, m->comb_pe, m->comb / m->comb_pe);
   if (o->dense_bytes) {
     if (res->dense_rc == MC_SUCCESS)
-      printf("\n  dense all-to-all baseline       %12.1f %12.1f   (%.0f MB per rank; %.1fx dispatch+combine)\n",
-             m->dense_med, m->dense_p99, (double)o->dense_bytes * W / 1e6, m->dense_med / pair);
+      printf("\n  %s all-to-all baseline    %12.1f %12.1f   (%.0f MB per rank; %.1fx dispatch+combine)\n",
+             c->layout == MC_LAYOUT_BATCHED ? "dense   " : "unpadded", m->dense_med, m->dense_p99,
+             (double)o->dense_bytes * W / 1e6, m->dense_med / pair);
     else
       printf("\n  dense all-to-all baseline: failed (%s)\n", mc_result_string((mc_result_t)res->dense_rc));
   }

@@ -258,6 +258,23 @@ static int parse(int argc, char **argv, bench_args_t *a, FILE *out, FILE *err) {
   return -1;
 }
 
+/* The packed layouts' baseline: the bytes (token + scale) of the records
+ * the first timed round's inputs make, summed over every rank and spread
+ * evenly over every (rank, peer) pair: an all-to-all of the same bytes with
+ * none of the padding a dense design needs. */
+static size_t unpadded_bytes(const mc_case_t *c) {
+  uint64_t records = 0;
+  for (int g = 0; g < mc_ref_num_groups(c); g++) {
+    mc_input_t in;
+    if (mc_ref_input(c, 1, g, &in) != 0) return 16;
+    for (int r = g * c->group_size; r < (g + 1) * c->group_size; r++) records += mc_ref_records_sent(c, &in, r);
+    mc_ref_input_free(&in);
+  }
+  const uint64_t pairs = (uint64_t)c->world_size * (uint64_t)c->world_size;
+  const uint64_t bytes = (records * (uint64_t)(c->token_bytes + c->scale_bytes) + pairs - 1) / pairs;
+  return (size_t)mc_align_up(bytes ? bytes : 16, 16);
+}
+
 /* Checks what the options combine to, a message a rule, and fills in what
  * follows from them. Returns -1 to go on, else the exit status. */
 static int settle(bench_args_t *a, FILE *err) {
@@ -296,9 +313,12 @@ static int settle(bench_args_t *a, FILE *err) {
       return fprintf(err, "mc-bench: --threads: needs --transport p2p (NVSHMEM: one PE per process)\n"), 2;
     if (a->threads) o->processes = 0;
     /* the dense baseline: every rank sends every peer num_local_experts x
-     * max_tokens padded records (token + scale bytes) */
+     * max_tokens padded records (token + scale bytes); for the packed
+     * layouts, which do not pad, the records' bytes unpadded */
     if (a->dense)
-      o->dense_bytes = (size_t)(c->num_experts / c->world_size) * c->max_tokens * (c->token_bytes + c->scale_bytes);
+      o->dense_bytes = c->layout == MC_LAYOUT_BATCHED ? (size_t)(c->num_experts / c->world_size) * c->max_tokens *
+                                                             (c->token_bytes + c->scale_bytes)
+                                                       : unpadded_bytes(c);
   }
   a->nccl = a->nccl && gpu && a->dense;
   return -1;

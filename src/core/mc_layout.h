@@ -292,7 +292,8 @@ enum {
   MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
   MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
   MC_WS_DONE_DSEND, /* one-launch dispatch: blocks done sending (the last writes the round number) */
-  MC_WS_SPARE,      /* keeps the digest below on 8 bytes */
+  MC_WS_DROP,       /* 1 from a round dropped over a declared capacity (packed layouts) until the first
+                       dispatch-send launched after the host reported it: the ones before are refused */
   MC_WS_DIGEST,     /* and the next: chunked prep: the sum of the chunks' group digests (uint64) */
   /* uint64 from here (two each): dispatch-recv may start before dispatch-send has moved the
      round number on, so it keeps its own counts, and learns each call's outcome from OUTCOME */

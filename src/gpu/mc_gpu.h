@@ -23,10 +23,17 @@ typedef struct mc_dev_error {
   int32_t phase; /* MC_PHASE_* */
   int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
   int32_t token, k, value;  /* bad input: indices[token][k] (its full value in seen), or *bound_m = value;
-                               a group's inputs differ: ranks slot and peer of group value */
+                               a group's inputs differ: ranks slot and peer of group value;
+                               over capacity: rank peer receives seen rows, more than expected */
   uint64_t expected, seen;
   uint64_t round;
   int32_t claimed; /* 0 -> 1 by the first failing thread */
+  /* the last round dropped over a declared capacity (mc_gpu_packed.cuh), apart from the claim
+   * above (a drop is no failure: waits go on): rank drop_peer receives drop_rows rows, more than
+   * its drop_limit; drop_seq counts the drops, written last */
+  int32_t drop_peer;
+  int64_t drop_rows, drop_limit;
+  uint64_t drop_round, drop_seq;
 } mc_dev_error_t;
 
 /* Everything a kernel needs, passed by value. Pointers are device pointers;
@@ -57,6 +64,14 @@ typedef struct mc_kargs {
                       or UE8M0 (2) scales on the way (mc_gpu_quant.cuh) */
   int nap_max;     /* ns: the longest nap between polls (mc_dev_wait_ge) */
   uint64_t *trace; /* MC_GPU_TRACE: per-kernel globaltimer stamps (mc_dev.cuh), else NULL */
+  /* the packed layouts (mc_gpu_packed.cuh): the send half's declared capacity (0: none); the recv
+   * half's rows beside expert_x (x), expert_scale (x_scale) and expert_count; the count step's
+   * results (host-mapped) in rows_out and expert_count */
+  int64_t limit;
+  int32_t *row_expert;
+  float *row_weight;
+  int32_t *expert_offset, *src_count;
+  int64_t *rows_out;
   /* where some rank is masked: the mask in the workspace (mc_ws_mask_off), else NULL; read only by
    * the kernels made for masked ranks (mc_masked). Last, so that no other field moves for it */
   const uint8_t *mask;

@@ -39,17 +39,20 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round, const u
  * into every slot of this rank's experts; the warp of the first piece
  * writes the record's route entry for combine. The last block to finish
  * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call) {
+/* Every block's first steps, in every layout: the running totals read,
+ * every source's meta awaited, the group digests compared, then every
+ * meta word loaded at once (a dependent load per source and expert is a
+ * memory latency each) and the scans over sources made in shared memory:
+ * base[src][l], where src's records to local expert l start among that
+ * expert's; prefix[src], where src's records start among all of them.
+ * Each local expert's records: into expert_count and the load statistics
+ * (block 0), or with packed into ecount[] for the caller. 1 where the
+ * round cannot go on (the failure is recorded). */
+MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t round, const int packed,
+                          uint64_t *seen, uint32_t *base, uint32_t *prefix, uint32_t *ecount) {
   const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
-  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
-  const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
-  const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
-  extern __shared__ uint32_t smem[];
-  uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
-  uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
+  const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
   __shared__ int abort_;
-  mc_trace_start(&a, MC_TK_DRECV);
   if (tid == 0) abort_ = 0;
   /* the running totals, which only this kernel's last block moves on (once
    * every block has read them), loaded while the metas are awaited */
@@ -59,7 +62,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   for (int src = tid; src < W; src += blockDim.x)
     if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
   __syncthreads();
-  if (abort_) return;
+  if (abort_) return 1;
   /* the ranks of a group passed the same m, indices and weights: their
    * digests agree (mc_gpu_prep.cuh), or the round cannot finish (groups of
    * one rank have no digest: nothing to compare, no barrier to pay) */
@@ -76,11 +79,9 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       }
     }
     __syncthreads();
-    if (abort_) return;
+    if (abort_) return 1;
   }
   mc_trace_point(&a, MC_TK_DRECV, 0);
-  /* every meta word at once (a dependent load per source and expert is a
-   * memory latency each), then the scans over sources in shared memory */
   for (int i = tid; i < W * (L + 1); i += blockDim.x) {
     const int src = i / (L + 1), w = i % (L + 1);
     const uint32_t v = mc_masked(masking, &a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
@@ -96,7 +97,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       base[src * L + l] = run;
       run += n;
     }
-    if (blockIdx.x == 0) {
+    if (packed) ecount[l] = run;
+    else if (blockIdx.x == 0) {
       a.expert_count[l] = (int32_t)run;
       load[l] += run;
     }
@@ -107,6 +109,20 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   }
   __syncthreads();
   mc_trace_point(&a, MC_TK_DRECV, 1);
+  return 0;
+}
+
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call) {
+  const mc_shape_t *s = &a.s;
+  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
+  const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
+  const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
+  const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
+  extern __shared__ uint32_t smem[];
+  uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
+  uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
+  mc_trace_start(&a, MC_TK_DRECV);
+  if (mc_drecv_metas(a, masking, round, 0, seen, base, prefix, NULL)) return;
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
@@ -206,9 +222,11 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
  * sender to finish only at its end, so that later work on the stream
  * comes after both. A refused call is over for it too: its call count
  * moves on, its round count does not. */
-MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
-  const uint64_t round = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1;
-  const uint64_t call = *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1;
+/* The round a call of dispatch-recv takes in if accepted, and the call's number. */
+MC_DEV uint64_t mc_drecv_round(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1; }
+MC_DEV uint64_t mc_drecv_call(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1; }
+/* 1 where the call was accepted; a refused one is counted here (every block calls it). */
+MC_DEV int mc_drecv_accepted(const mc_kargs_t &a, const uint64_t round, const uint64_t call) {
   __shared__ uint64_t outcome;
   if (threadIdx.x == 0) {
     const uint64_t *o = mc_ws_scalar64(&a, MC_WS_OUTCOME);
@@ -217,9 +235,8 @@ MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
                   : *(volatile const uint64_t *)o;
   }
   __syncthreads();
-  if (outcome == 2 * call) {
-    mc_dispatch_recv_body(a, masking, round, call);
-  } else if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
+  if (outcome == 2 * call) return 1;
+  if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
     uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
     __threadfence();
     if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
@@ -227,6 +244,11 @@ MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
       sc[MC_WS_DONE_DRECV] = 0;
     }
   }
+  return 0;
+}
+MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
+  const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
+  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_body(a, masking, round, call);
   mc_pdl_wait();
 }
 static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) { mc_dispatch_recv_kernel(a, 0); }

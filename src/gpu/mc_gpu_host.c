@@ -75,6 +75,7 @@ void mc_gpu_free(mc_gpu_t *g) {
   if (g->trace_file) fclose(g->trace_file);
   if (g->ws) cudaFree(g->ws);
   if (g->err_h) cudaFreeHost(g->err_h);
+  if (g->counts_h) cudaFreeHost(g->counts_h);
   free(g->pid);
   free(g->host);
   free(g); /* g->peers is the transport's to free */
@@ -104,6 +105,9 @@ mc_result_t mc_gpu_create(mc_a2a_t *a2a) {
     memset(g->err_h, 0, sizeof *g->err_h);
     e = cudaHostGetDevicePointer((void **)&g->err_d, g->err_h, 0);
   }
+  const size_t counts = sizeof(int64_t) + sizeof(int32_t) * (size_t)mc_num_local_experts(s);
+  if (e == cudaSuccess && mc_packed_layout(s)) e = cudaHostAlloc((void **)&g->counts_h, counts, cudaHostAllocMapped);
+  if (e == cudaSuccess && g->counts_h) e = cudaHostGetDevicePointer((void **)&g->counts_d, g->counts_h, 0);
   if (e != cudaSuccess)
     return mc_fail(a2a->err, MC_ERR_CUDA, "rank %d: allocating the GPU workspace (%llu bytes): %s", a2a->comm->rank,
                    (unsigned long long)mc_workspace_bytes(s), cudaGetErrorString(e));
@@ -193,7 +197,29 @@ static void describe_root(mc_a2a_t *a2a, int peer, char *out, size_t n) {
   cudaStreamDestroy(v.st);
 }
 
-static mc_result_t device_error(mc_a2a_t *a2a) {
+/* A round dropped over a declared capacity (the packed layouts), reported
+ * once: from the device's record, apart from the failures above (a drop
+ * is none: the handle goes on). Dispatch-send refuses on the device until
+ * the first one launched after this report clears the mark, in stream
+ * order (mc_gpu_launch.cuh); one launched before, and not received yet,
+ * is owed its recv half's count. */
+static mc_result_t drop_report(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  volatile mc_dev_error_t *e = g->err_h;
+  const uint64_t seq = e->drop_seq;
+  if (seq == g->drop_seen) return MC_SUCCESS;
+  __sync_synchronize();
+  g->drop_seen = seq;
+  g->drop_ack = 1;
+  if (a2a->next == MC_NEXT_DISPATCH_RECV) g->recv_owed = 1;
+  return mc_fail(a2a->err, MC_ERR_CAPACITY,
+                 "dispatch: rank %d receives %lld rows in round %llu, more than the capacity of %lld it declared; the "
+                 "round is dropped on every rank (nothing written; dispatch is next; a dispatch queued before this "
+                 "report was refused too)",
+                 e->drop_peer, (long long)e->drop_rows, (unsigned long long)e->drop_round, (long long)e->drop_limit);
+}
+
+static mc_result_t failure_recorded(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   volatile mc_dev_error_t *e = g->err_h;
   int code = e->code;
@@ -241,14 +267,19 @@ static mc_result_t device_error(mc_a2a_t *a2a) {
   return rc;
 }
 
+mc_result_t mc_gpu_failure(mc_a2a_t *a2a) {
+  const mc_result_t rc = failure_recorded(a2a);
+  return rc != MC_SUCCESS ? rc : drop_report(a2a);
+}
+
 mc_result_t mc_gpu_check(mc_a2a_t *a2a) {
   mc_gpu_t *g = a2a->impl;
   if (g->trace) trace_dump(g);
-  return device_error(a2a);
+  return mc_gpu_failure(a2a);
 }
 
 mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args_t *d, const mc_combine_args_t *c) {
-  mc_result_t rc = device_error(a2a);
+  mc_result_t rc = mc_gpu_failure(a2a);
   if (rc != MC_SUCCESS) return rc;
   mc_gpu_t *g = a2a->impl;
   memset(ka, 0, sizeof *ka);
@@ -285,6 +316,17 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
     ka->expert_x = d->expert_x;
     ka->expert_scale = d->expert_scale;
     ka->expert_count = d->expert_count;
+    if (d->recv) { /* the packed layouts: the send half's declared capacity, the recv half's rows */
+      ka->limit = d->recv->capacity;
+      ka->expert_x = d->recv->x;
+      ka->expert_scale = d->recv->x_scale;
+      ka->expert_count = d->recv->expert_count;
+      ka->row_expert = d->recv->row_expert;
+      ka->row_weight = d->recv->row_weight;
+      ka->expert_offset = d->recv->expert_offset;
+      ka->src_count = d->recv->src_count;
+      ka->rows_out = d->recv->rows;
+    }
   }
   if (c) {
     ka->expert_y = c->expert_y;

@@ -32,6 +32,10 @@ typedef struct mc_gpu {
   uint64_t *host;
   unsigned char *(*peer_window)(mc_a2a_t *a2a, int r);
   void *tstate;            /* the transport's own host state (p2p: mappings) */
+  int64_t *counts_h;       /* the packed layouts' count step: rows, then [L] int32 expert rows (host-mapped) */
+  int64_t *counts_d;       /* the same, as the device sees it */
+  uint64_t drop_seen;      /* the drops over a declared capacity reported so far (mc_dev_error_t drop_seq) */
+  int drop_ack;            /* one reported: the next dispatch-send launch clears MC_WS_DROP first */
   uint64_t *trace;         /* MC_GPU_TRACE: device stamps, MC_TK_N x MC_TRACE_SLOTS */
   void *trace_file;        /* FILE *: one line per mc_a2a_check */
   uint64_t trace_rounds;
@@ -49,6 +53,8 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
  * stamps to the trace file (a diagnostic: the benchmark checks after every
  * round; scripts/mc_report.py trace reads the files). */
 mc_result_t mc_gpu_check(mc_a2a_t *a2a);
+/* What the device recorded, as a result (mc_gpu_check without the trace's dump). */
+mc_result_t mc_gpu_failure(mc_a2a_t *a2a);
 /* Collective: set g->gpu_scope when every rank of the communicator runs on
  * this very GPU (device UUIDs agree) and no peer needs staged puts, unless
  * the test suite forces system scope (mc_testing.h); g->alone when no other

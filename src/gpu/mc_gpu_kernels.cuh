@@ -277,8 +277,9 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   /* a count out of range: every block, to refuse it in the prep */
   const int nb = m < 0 || m > a.m ? (int)gridDim.x : mc_one_blocks(s, m, quant, gridDim.x);
   if ((int)blockIdx.x >= nb) return;
-  /* no rank masked (mc_gpu_launch.cuh); a decode call of a group of one rank: the one-warp prep */
-  const int m_eff = s->group_size == 1 && m >= 0 && m <= a.m && m * K <= 32
+  /* no rank masked (mc_gpu_launch.cuh); a decode call of a group of one rank
+   * into the batched layout: the one-warp prep */
+  const int m_eff = s->group_size == 1 && !mc_packed_layout(s) && m >= 0 && m <= a.m && m * K <= 32
                         ? mc_prep_tiny(a, K, round, m)
                         : mc_dispatch_prep_body(a, 0, K, MC_PREP_ONE, round, m);
   if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
@@ -334,6 +335,7 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(m
 }
 
 #include "mc_gpu_dispatch_recv.cuh"
+#include "mc_gpu_packed.cuh"
 #include "mc_gpu_combine.cuh"
 
 /* ---- the launch floor (mc_a2a_bench_floor): a phase's sending and
@@ -457,6 +459,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
     *drecv_round = round;
     *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
     sc[MC_WS_BAD] = 0;
+    sc[MC_WS_DROP] = 0; /* a drop not yet reported stays recorded for the host (mc_gpu_host.c) */
   }
 }
 

@@ -37,7 +37,10 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                                     (const void *)mc_k_dispatch_send_q_masked, (const void *)mc_k_dispatch_recv_masked,
                                     (const void *)mc_k_combine_send_masked, (const void *)mc_k_combine_recv_masked,
                                     (const void *)mc_k_barrier, (const void *)mc_k_mask,
-                                    (const void *)mc_k_floor_send, (const void *)mc_k_floor_recv};
+                                    (const void *)mc_k_floor_send, (const void *)mc_k_floor_recv,
+                                    (const void *)mc_k_dispatch_recv_packed,
+                                    (const void *)mc_k_dispatch_recv_packed_masked, (const void *)mc_k_dispatch_counts,
+                                    (const void *)mc_k_drop_ack};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
     struct cudaFuncAttributes attr;
@@ -71,6 +74,18 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
       e = cudaFuncSetAttribute(mc_k_floor_send, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
   }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the dispatch kernel's shared memory");
+  const size_t psmem = mc_packed_smem_bytes(s); /* the packed layouts' receiving kernels (mc_gpu_packed.cuh) */
+  if (mc_packed_layout(s) && psmem > (size_t)optin)
+    return mc_fail(a2a->err, MC_ERR_UNSUPPORTED,
+                   "the packed layouts on a GPU need %zu bytes of shared memory a block for %d ranks and %d local "
+                   "experts, more than the %d this GPU has",
+                   psmem, s->world_size, mc_num_local_experts(s), optin);
+  static const void *const packed[] = {(const void *)mc_k_dispatch_recv_packed,
+                                       (const void *)mc_k_dispatch_recv_packed_masked,
+                                       (const void *)mc_k_dispatch_counts};
+  for (size_t i = 0; mc_packed_layout(s) && psmem > (48u << 10) && e == cudaSuccess && i < 3; i++)
+    e = cudaFuncSetAttribute(packed[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psmem);
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the packed layouts' shared memory");
   int cc = 0;
   cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
   g->pdl = g->alone && cc >= 9;
@@ -112,7 +127,8 @@ static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int
  * kernels' (mc_gpu_host.c). */
 static int decode_batch(const mc_gpu_t *g, const mc_shape_t *s, int m) { return g->alone && m <= mc_prep_chunk(s); }
 static mc_launch_t plan_drecv(const mc_gpu_t *g, const mc_shape_t *s, int m) {
-  return mc_launch_t{decode_batch(g, s, m) ? (g->grid + 1) / 2 : g->grid, MC_THREADS, mc_drecv_smem_bytes(s), 1};
+  const size_t smem = mc_packed_layout(s) ? mc_packed_smem_bytes(s) : mc_drecv_smem_bytes(s);
+  return mc_launch_t{decode_batch(g, s, m) ? (g->grid + 1) / 2 : g->grid, MC_THREADS, smem, 1};
 }
 static mc_launch_t plan_csend(const mc_gpu_t *g, const mc_shape_t *s, int m) {
   return mc_launch_t{decode_batch(g, s, m) ? g->grid : 2 * g->grid, MC_CSEND_THREADS, mc_send_smem_bytes(s), 0};
@@ -156,6 +172,10 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
   const int masked = ka.mask != NULL;
   switch (half) {
   case MC_PHASE_DSEND: {
+    if (g->drop_ack) { /* a drop reported: dispatch-sends launched from now on go out */
+      mc_k_drop_ack<<<1, 1, 0, st>>>(ka);
+      g->drop_ack = 0;
+    }
     if (g->recv_owed) {
       mc_k_drecv_skip<<<1, 1, 0, st>>>(ka);
       g->recv_owed = 0;
@@ -177,10 +197,14 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     e = launch(g, send, l, st, &ka);
     break;
   }
-  case MC_PHASE_DRECV:
-    e = launch(g, masked ? (const void *)mc_k_dispatch_recv_masked : (const void *)mc_k_dispatch_recv,
-               plan_drecv(g, s, ka.m), st, &ka);
+  case MC_PHASE_DRECV: {
+    const void *fn = mc_packed_layout(s) ? (masked ? (const void *)mc_k_dispatch_recv_packed_masked
+                                                   : (const void *)mc_k_dispatch_recv_packed)
+                     : masked ? (const void *)mc_k_dispatch_recv_masked
+                              : (const void *)mc_k_dispatch_recv;
+    e = launch(g, fn, plan_drecv(g, s, ka.m), st, &ka);
     break;
+  }
   case MC_PHASE_CSEND:
     e = launch(g, masked ? (const void *)mc_k_combine_send_masked : (const void *)mc_k_combine_send,
                plan_csend(g, s, a2a->round_m), st, &ka);
@@ -213,6 +237,30 @@ static mc_result_t mc_gpu_bench_floor(mc_a2a_t *a2a, int combine, int m, unsigne
     e = launch(g, (const void *)mc_k_floor_recv, combine ? plan_crecv(g, s, m) : plan_drecv(g, s, m), st, &ka);
   if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "mc_a2a_bench_floor: kernel launch");
+}
+
+/* mc_dispatch_counts: one block on the caller's stream, then the stream
+ * synchronised and the host-mapped results read (mc_k_dispatch_counts). */
+static mc_result_t mc_gpu_dcounts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_count, void *stream) {
+  mc_kargs_t ka;
+  mc_result_t rc = mc_gpu_prepare(a2a, &ka, NULL, NULL);
+  if (rc != MC_SUCCESS) return rc;
+  mc_gpu_t *g = gpu(a2a);
+  const mc_shape_t *s = &a2a->shape;
+  const int L = mc_num_local_experts(s);
+  ka.rows_out = g->counts_d;
+  ka.expert_count = (int32_t *)(g->counts_d + 1);
+  mc_k_dispatch_counts<<<1, MC_THREADS, mc_packed_smem_bytes(s), (cudaStream_t)stream>>>(ka);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+  if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_dispatch_counts");
+  if ((rc = mc_gpu_failure(a2a)) != MC_SUCCESS) return rc; /* refused on the device, or dropped */
+  const volatile int64_t *h = g->counts_h;
+  if (h[0] < 0)
+    return mc_fail(a2a->err, MC_ERR_INTERNAL, "mc_dispatch_counts: the round was refused, but no failure was recorded");
+  *rows = h[0];
+  for (int l = 0; expert_count && l < L; l++) expert_count[l] = ((const volatile int32_t *)(h + 1))[l];
+  return MC_SUCCESS;
 }
 
 static mc_result_t mc_gpu_dsend(mc_a2a_t *a2a, const mc_dispatch_args_t *d) {

@@ -165,6 +165,14 @@ MC_DEV void mc_prep_publish(const mc_kargs_t &a, const uint32_t *count, const ui
 MC_DEV uint32_t mc_meta_word(const mc_shape_t *s, const uint32_t *count, int dst, int l) {
   return l == 0 ? count[s->num_experts + dst] : count[dst * mc_num_local_experts(s) + l - 1];
 }
+/* The packed layouts' words of every meta, from mc_meta_limit_word on
+ * (mc_layout.h): the declared capacity (two words), this rank's records to
+ * every rank and, sorted, to every expert. */
+MC_DEV uint32_t mc_meta_word_packed(const mc_shape_t *s, const uint32_t *count, int l, uint64_t limit) {
+  if (l < mc_meta_torank_word(s)) return (uint32_t)(limit >> (32 * (l - mc_meta_limit_word(s))));
+  if (l < mc_meta_toexpert_word(s)) return count[s->num_experts + l - mc_meta_torank_word(s)];
+  return count[l - mc_meta_toexpert_word(s)];
+}
 
 /* One token's routing, held by its lane. Per k, in registers (loops
  * unrolled to MC_MAX_TOPK, guarded by K: no dynamically indexed arrays,
@@ -383,6 +391,16 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
                          : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
     meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
   }
+  if (mc_packed_layout(s)) {
+    const int w0 = mc_meta_limit_word(s), np = (int)(mc_meta_bytes(s) / sizeof(uint32_t)) - w0;
+    for (int i = tid; i < W * np; i += blockDim.x) {
+      const int dst = i / np, l = w0 + i % np;
+      if (mc_masked(masking, &a, dst)) continue;
+      uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
+                           : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
+      meta[l] = mc_meta_word_packed(s, count, l, (uint64_t)a.limit);
+    }
+  }
   if (one) {
     __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
     for (int dst = tid; dst < W; dst += blockDim.x)
@@ -423,6 +441,9 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
   __shared__ unsigned long long digest; /* groups of several ranks: this block's tokens' share */
   mc_trace_start(&a, MC_TK_PREP);
   if (tid == 0) bad = 0, digest = 0;
+  /* a dropped round not yet reported (the packed layouts): refused, with
+   * nothing recorded (the drop is, and the host reports that) */
+  if (tid == 0 && mc_packed_layout(s) && sc[MC_WS_DROP]) bad = 1;
   for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
   if (one)
     for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;

@@ -176,7 +176,7 @@ extern "C" const mc_transport_ops_t mc_nvshmem_ops = {
     nvshmem_a2a_create, nvshmem_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
     mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, mc_nvshmem_dense_alltoall, mc_gpu_expert_load, mc_gpu_mask,
-    mc_gpu_bench_floor,
+    mc_gpu_bench_floor, mc_gpu_dcounts,
 };
 
 /* ---- the dense baseline: NVSHMEM's own all-to-all of padded blocks ---- */

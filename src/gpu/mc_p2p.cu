@@ -283,5 +283,5 @@ extern "C" const mc_transport_ops_t mc_p2p_ops = {
     MC_TRANSPORT_P2P, "p2p", mc_gpu_present, p2p_probe, p2p_comm_init, NULL, p2p_a2a_create, p2p_a2a_destroy,
     mc_gpu_dsend, mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv,
     mc_gpu_refresh_stats, mc_gpu_check, mc_gpu_barrier, NULL, mc_gpu_expert_load, mc_gpu_mask,
-    mc_gpu_bench_floor,
+    mc_gpu_bench_floor, mc_gpu_dcounts,
 };

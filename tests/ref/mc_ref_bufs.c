@@ -90,16 +90,20 @@ int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
   const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
   mc_ref_dispatch(c, b->ins, rank, b->ref_count, b->src_g, b->src_t);
-  if (c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_poison(c, b, rank); /* the recv buffers of a packed layout */
   int bad = 0;
+  /* the packed layouts: their rows, poisoned (and uploaded); the batched
+   * slots they are unpacked into for the checks are the harness's own */
+  const int packed = c->layout != MC_LAYOUT_BATCHED, sg = packed ? 0 : d->gpu;
+  if (packed) bad |= mc_rr_packed_poison(c, b, d, rank);
+  uint8_t *x = packed ? b->x : d->x, *xs = packed ? b->xs : d->xs;
   for (int l = 0; l < L; l++) {
     const size_t at = (size_t)l * cap, n = (size_t)b->ref_count[l], end = band_end(b->ref_count[l], cap);
-    bad |= mc_dev_fill(d->gpu, (uint8_t *)d->x + at * c->token_bytes, POISON_X, end * c->token_bytes);
-    if (d->xs) bad |= mc_dev_fill(d->gpu, (uint8_t *)d->xs + at * c->scale_bytes, POISON_X, end * c->scale_bytes);
-    bad |= mc_dev_fill(d->gpu, (uint8_t *)d->y + (at + n) * yrow, POISON_OUT, (end - n) * yrow);
+    bad |= mc_dev_fill(sg, x + at * c->token_bytes, POISON_X, end * c->token_bytes);
+    if (xs) bad |= mc_dev_fill(sg, xs + at * c->scale_bytes, POISON_X, end * c->scale_bytes);
+    if (!packed) bad |= mc_dev_fill(sg, (uint8_t *)d->y + (at + n) * yrow, POISON_OUT, (end - n) * yrow);
   }
   bad |= mc_dev_fill(d->gpu, d->out, POISON_OUT, (size_t)c->max_tokens * c->hidden * mc_dtype_size(c->out_dtype));
-  bad |= mc_dev_fill(d->gpu, d->count, 0xF9, (size_t)L * 4); /* -7ish */
+  bad |= mc_dev_fill(sg, packed ? (void *)b->count : d->count, 0xF9, (size_t)L * 4); /* -7ish */
   return bad ? -1 : 0;
 }
 
@@ -109,6 +113,7 @@ int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
 int mc_rr_get_dispatch_outputs(const mc_case_t *c, bufs_t *b, const dbufs_t *d) {
   const int L = mc_ref_local_experts(c), cap = mc_ref_capacity(c);
   if (!d->gpu) return 0; /* the library wrote the host buffers themselves */
+  if (c->layout != MC_LAYOUT_BATCHED) return mc_rr_packed_get(c, b, d);
   if (mc_dev_get(1, b->count, d->count, (size_t)L * 4)) return -1;
   int bad = 0;
   for (int l = 0; l < L; l++) {
@@ -160,8 +165,9 @@ void mc_rr_free_dbufs(dbufs_t *d, const bufs_t *b) {
   mc_dev_free(d->gpu, d->qxs);
   d->qx = d->qxs = NULL;
   if (!d->gpu) return; /* the rest: aliases of the host buffers */
-  void *all[] = {d->tokens, d->scales, d->indices, d->weights, d->bound,  d->x,
-                 d->xs,     d->count,  d->y,       d->out,     d->scratch};
+  void *all[] = {d->tokens, d->scales, d->indices, d->weights, d->bound, d->x,   d->xs,   d->count,
+                 d->y,      d->out,    d->scratch, d->px,      d->pxs,   d->py,  d->pre,  d->prw,
+                 d->pcnt,   d->poff,   d->psrc,    d->prows};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     mc_dev_free(1, all[i]);
   (void)b;
@@ -175,7 +181,7 @@ typedef struct dbuf {
   size_t n;
   int own;
 } dbuf_t;
-enum { DBUF_MAX = 13 };
+enum { DBUF_MAX = 18 };
 
 static int dbuf_list(const mc_case_t *c, int ids64, dbufs_t *d, dbuf_t *l) {
   const size_t L = (size_t)mc_ref_local_experts(c), cap = (size_t)mc_ref_capacity(c), M = (size_t)c->max_tokens;
@@ -190,10 +196,23 @@ static int dbuf_list(const mc_case_t *c, int ids64, dbufs_t *d, dbuf_t *l) {
   l[n++] = (dbuf_t){&d->indices, M * K * (ids64 ? 8 : 4), 0};
   l[n++] = (dbuf_t){&d->weights, M * K * 4, 0};
   l[n++] = (dbuf_t){&d->bound, 4, 0};
-  l[n++] = (dbuf_t){&d->x, L * cap * c->token_bytes, 0};
-  if (c->scale_bytes) l[n++] = (dbuf_t){&d->xs, L * cap * c->scale_bytes, 0};
-  l[n++] = (dbuf_t){&d->count, L * 4, 0};
-  l[n++] = (dbuf_t){&d->y, L * cap * H * mc_dtype_size(c->in_dtype), 0};
+  if (c->layout != MC_LAYOUT_BATCHED) { /* the rows (as many as mc_rr_packed_alloc's), not the slots */
+    const size_t rows = (size_t)(mc_rr_packed_max_rows(c) + POISON_BAND), cols = mc_rr_packed_cols(c);
+    l[n++] = (dbuf_t){&d->px, rows * c->token_bytes, 0};
+    if (c->scale_bytes) l[n++] = (dbuf_t){&d->pxs, rows * c->scale_bytes, 0};
+    l[n++] = (dbuf_t){&d->py, rows * H * mc_dtype_size(c->in_dtype), 0};
+    l[n++] = (dbuf_t){&d->pre, rows * cols * 4, 0};
+    l[n++] = (dbuf_t){&d->prw, rows * cols * 4, 0};
+    l[n++] = (dbuf_t){&d->pcnt, L * 4, 0};
+    l[n++] = (dbuf_t){&d->poff, (L + 1) * 4, 0};
+    l[n++] = (dbuf_t){&d->psrc, (size_t)c->world_size * 4, 0};
+    l[n++] = (dbuf_t){&d->prows, 8, 0};
+  } else {
+    l[n++] = (dbuf_t){&d->x, L * cap * c->token_bytes, 0};
+    if (c->scale_bytes) l[n++] = (dbuf_t){&d->xs, L * cap * c->scale_bytes, 0};
+    l[n++] = (dbuf_t){&d->count, L * 4, 0};
+    l[n++] = (dbuf_t){&d->y, L * cap * H * mc_dtype_size(c->in_dtype), 0};
+  }
   l[n++] = (dbuf_t){&d->out, M * H * mc_dtype_size(c->out_dtype), 0};
   l[n++] = (dbuf_t){&d->scratch, 16u << 20, 0};
   return n;
@@ -210,6 +229,8 @@ int mc_rr_alloc_dbufs(const mc_case_t *c, int gpu, int ids64, bufs_t *b, dbufs_t
     if ((gpu || l[i].own) && !(*l[i].p = mc_dev_alloc(gpu, l[i].n))) return -1;
   if (!gpu) { /* the library reads and writes the host buffers directly */
     d->x = b->x, d->xs = b->xs, d->count = b->count, d->y = b->y, d->out = b->out;
+    d->px = b->px, d->pxs = b->pxs, d->py = b->py, d->pre = b->pre, d->prw = b->prw, d->pcnt = b->pcnt;
+    d->poff = b->poff, d->psrc = b->psrc, d->prows = &b->prows;
   }
   return 0;
 }

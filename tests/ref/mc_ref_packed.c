@@ -32,6 +32,9 @@ static int64_t max_rows(const mc_case_t *c) {
   return sorted(c) ? cap * (K < L ? K : L) + L * (align_of(c) - 1) : cap;
 }
 
+int64_t mc_rr_packed_max_rows(const mc_case_t *c) { return max_rows(c); }
+int mc_rr_packed_cols(const mc_case_t *c) { return cols(c); }
+
 int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b) {
   const int64_t rows = max_rows(c) + POISON_BAND, L = mc_ref_local_experts(c);
   const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
@@ -44,17 +47,21 @@ int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b) {
   b->pcnt = malloc(sizeof(int32_t) * (size_t)L);
   b->poff = malloc(sizeof(int32_t) * (size_t)(L + 1));
   b->psrc = malloc(sizeof(int32_t) * (size_t)c->world_size);
-  return b->px && (b->pxs || !c->scale_bytes) && b->py && b->pre && b->prw && b->pcnt && b->poff && b->psrc ? 0 : -1;
+  b->pwant_cnt = malloc(sizeof(int32_t) * (size_t)L);
+  return b->px && (b->pxs || !c->scale_bytes) && b->py && b->pre && b->prw && b->pcnt && b->poff && b->psrc &&
+                 b->pwant_cnt
+             ? 0
+             : -1;
 }
 
 void mc_rr_packed_free(bufs_t *b) {
   free(b->px), free(b->pxs), free(b->py), free(b->pre), free(b->prw);
-  free(b->pcnt), free(b->poff), free(b->psrc);
+  free(b->pcnt), free(b->poff), free(b->psrc), free(b->pwant_cnt);
 }
 
 /* Before a round: the rows it will write and a band past them, and every
- * count, hold poison. */
-void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank) {
+ * count, hold poison (uploaded where the transport is a GPU one). */
+int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
   const int64_t want = mc_ref_packed_rows(c, b->ins, rank, NULL);
   const int64_t n = want + POISON_BAND < b->prow_max + POISON_BAND ? want + POISON_BAND : b->prow_max + POISON_BAND;
   const int L = mc_ref_local_experts(c);
@@ -66,6 +73,33 @@ void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank) {
   memset(b->poff, 0xF9, sizeof(int32_t) * (size_t)(L + 1));
   memset(b->psrc, 0xF9, sizeof(int32_t) * (size_t)c->world_size);
   b->prows = -7;
+  if (!d->gpu) return 0;
+  int bad = mc_dev_put(1, d->px, b->px, (size_t)n * c->token_bytes);
+  if (b->pxs) bad |= mc_dev_put(1, d->pxs, b->pxs, (size_t)n * c->scale_bytes);
+  bad |= mc_dev_put(1, d->pre, b->pre, sizeof(int32_t) * (size_t)(n * cols(c)));
+  bad |= mc_dev_put(1, d->prw, b->prw, sizeof(float) * (size_t)(n * cols(c)));
+  bad |= mc_dev_put(1, d->pcnt, b->pcnt, sizeof(int32_t) * (size_t)L);
+  bad |= mc_dev_put(1, d->poff, b->poff, sizeof(int32_t) * (size_t)(L + 1));
+  bad |= mc_dev_put(1, d->psrc, b->psrc, sizeof(int32_t) * (size_t)c->world_size);
+  bad |= mc_dev_put(1, d->prows, &b->prows, sizeof b->prows);
+  return bad ? -1 : 0;
+}
+
+/* After the recv half on a GPU transport: the rows it says it wrote and
+ * the band past them, and the counts, into the host buffers. */
+int mc_rr_packed_get(const mc_case_t *c, bufs_t *b, const dbufs_t *d) {
+  const int L = mc_ref_local_experts(c);
+  if (mc_dev_get(1, &b->prows, d->prows, sizeof b->prows)) return -1;
+  const int64_t most = b->prow_max + POISON_BAND;
+  const int64_t n = b->prows < 0 ? POISON_BAND : b->prows + POISON_BAND < most ? b->prows + POISON_BAND : most;
+  int bad = mc_dev_get(1, b->px, d->px, (size_t)n * c->token_bytes);
+  if (b->pxs) bad |= mc_dev_get(1, b->pxs, d->pxs, (size_t)n * c->scale_bytes);
+  bad |= mc_dev_get(1, b->pre, d->pre, sizeof(int32_t) * (size_t)(n * cols(c)));
+  bad |= mc_dev_get(1, b->prw, d->prw, sizeof(float) * (size_t)(n * cols(c)));
+  bad |= mc_dev_get(1, b->pcnt, d->pcnt, sizeof(int32_t) * (size_t)L);
+  bad |= mc_dev_get(1, b->poff, d->poff, sizeof(int32_t) * (size_t)(L + 1));
+  bad |= mc_dev_get(1, b->psrc, d->psrc, sizeof(int32_t) * (size_t)c->world_size);
+  return bad ? -1 : 0;
 }
 
 static int all_bytes(const void *p, size_t n, uint8_t v) {
@@ -227,6 +261,19 @@ int mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank) {
   return 0;
 }
 
+void mc_rr_packed_expect(const mc_case_t *c, bufs_t *b, int rank) {
+  const int64_t all = c->declare < 0 ? b->prow_max : c->declare; /* what the declaring ranks declare */
+  const int L = mc_ref_local_experts(c), align = align_of(c);
+  b->pover = -1;
+  b->pover_rows = 0;
+  for (int q = 0; q < c->world_size && all > 0 && b->pover < 0; q++)
+    if (!(c->odd_counted && q % 2) && !(q < 64 && (c->masked >> q & 1)) &&
+        (b->pover_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > all)
+      b->pover = q;
+  b->pwant = mc_ref_packed_rows(c, b->ins, rank, b->pwant_cnt);
+  for (int l = 0; l < L; l++) b->pwant_cnt[l] = (b->pwant_cnt[l] + align - 1) / align * align;
+}
+
 /* A call that must succeed: 1, else 0 with the failure recorded. */
 static int ok(mc_run_rank_t *me, mc_a2a_t *a2a, int rank, unsigned long long round, const char *what, mc_result_t rc) {
   if (rc != MC_SUCCESS)
@@ -242,19 +289,16 @@ static int ok(mc_run_rank_t *me, mc_a2a_t *a2a, int rank, unsigned long long rou
  * rank's declared capacity must fail on every rank with MC_ERR_CAPACITY
  * naming the lowest such rank: 1 then (the round is over), 0 when done,
  * -1 on a failure (recorded). */
-int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const call_in_t *ci, int m, int one_call,
-                          int rank, uint64_t round, int gpu, mc_run_rank_t *me) {
+int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const dbufs_t *d, const call_in_t *ci, int m,
+                          int one_call, int rank, uint64_t round, mc_run_rank_t *me) {
+  const int gpu = d->gpu;
   const unsigned long long rd = (unsigned long long)round;
   const int64_t all = c->declare < 0 ? b->prow_max : c->declare; /* what the declaring ranks declare */
   const int64_t declared = c->odd_counted && rank % 2 ? 0 : all;
-  mc_packed_recv_t r = {sizeof r, declared, b->px,   b->pxs,  b->pre,
-                        b->prw,   b->pcnt,  b->poff, b->psrc, &b->prows};
-  int over = -1; /* the lowest declaring rank (not masked) whose rows exceed its capacity */
-  int64_t over_rows = 0;
-  for (int q = 0; q < c->world_size && all > 0 && over < 0; q++)
-    if (!(c->odd_counted && q % 2) && !(q < 64 && (c->masked >> q & 1)) &&
-        (over_rows = mc_ref_packed_rows(c, b->ins, q, NULL)) > all)
-      over = q;
+  mc_packed_recv_t r = {sizeof r, declared, d->px,   d->pxs,  (int32_t *)d->pre, (float *)d->prw,
+                        (int32_t *)d->pcnt, (int32_t *)d->poff, (int32_t *)d->psrc, (int64_t *)d->prows};
+  const int over = b->pover; /* the lowest declaring rank (not masked) whose rows exceed its capacity */
+  const int64_t over_rows = b->pover_rows;
 #define PACKED(recv, flags)                                                                                            \
   mc_dispatch_packed(a2a, ci->tokens, ci->scales, ci->indices, ci->weights, m, ci->bound, recv, flags,             \
                      mc_dev_stream())
@@ -274,13 +318,11 @@ int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const ca
       if (!ok(me, a2a, rank, rd, "mc_dispatch_counts", mc_dispatch_counts(a2a, &rows, b->pcnt, mc_dev_stream())))
         return -1;
       /* the rows, and each expert's rows (its pairs rounded up to expert_align) */
-      const int L = mc_ref_local_experts(c), align = c->expert_align > 0 ? c->expert_align : 1;
-      int32_t *pairs = malloc(sizeof(int32_t) * (size_t)L);
-      const int64_t want = pairs ? mc_ref_packed_rows(c, b->ins, rank, pairs) : -1;
+      const int L = mc_ref_local_experts(c);
+      const int64_t want = b->pwant;
       int bad_l = -1;
-      for (int l = 0; pairs && l < L && bad_l < 0; l++)
-        if (b->pcnt[l] != (pairs[l] + align - 1) / align * align) bad_l = l;
-      free(pairs);
+      for (int l = 0; l < L && bad_l < 0; l++)
+        if (b->pcnt[l] != b->pwant_cnt[l]) bad_l = l;
       if (rows != want || bad_l >= 0) {
         mc_rr_fail(me, 0, "round %llu rank %d: mc_dispatch_counts says %lld rows (reference %lld)%s", rd, rank,
                    (long long)rows, (long long)want,
@@ -301,6 +343,17 @@ int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const ca
 verdict:
   mc_dev_mark(gpu, 3);
 #undef PACKED
+  /* a GPU transport's recv half returns before the device has reached its
+   * verdict: a dropped round shows at a later call. In odd rounds the
+   * caller queues the round's combine first, as an engine does without
+   * synchronising: the device makes it a no-op (it must not wait for rows
+   * nobody sends), and the drop shows from it or after it */
+  if (over >= 0 && gpu && rc == MC_SUCCESS && round % 2)
+    rc = mc_combine(a2a, d->py, d->out, MC_SEND_RECV, mc_dev_stream());
+  if (over >= 0 && gpu && rc == MC_SUCCESS) {
+    mc_dev_sync(gpu);
+    rc = mc_a2a_check(a2a);
+  }
   if (over >= 0) {
     char want[64];
     snprintf(want, sizeof want, "rank %d receives %lld rows", over, (long long)over_rows);
@@ -314,7 +367,6 @@ verdict:
     return 1;
   }
   if (!ok(me, a2a, rank, rd, "mc_dispatch_packed (recv)", rc)) return -1;
-  if (b->prows > me->recv_rows_max) me->recv_rows_max = b->prows;
   if (r.capacity > me->recv_capacity_max) me->recv_capacity_max = r.capacity;
   return 0;
 }

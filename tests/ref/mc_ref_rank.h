@@ -29,6 +29,13 @@ typedef struct bufs {
   uint8_t *px, *pxs, *py;
   int32_t *pre, *pcnt, *poff, *psrc;
   float *prw;
+  /* the reference's verdict and counts of the round, drawn before the
+   * round starts (mc_rr_packed_expect): the lowest declaring rank over its
+   * capacity (-1: none) and its rows; this rank's rows and each local
+   * expert's rows (its pairs rounded up to expert_align) */
+  int pover;
+  int64_t pover_rows, pwant;
+  int32_t *pwant_cnt;
 } bufs_t;
 
 /* A rank's buffers as the library sees them: host memory for the cpu
@@ -40,6 +47,9 @@ typedef struct dbufs {
   int64_t *wide; /* [max_tokens][topk] */
   void *tokens, *scales, *indices, *weights, *bound, *x, *xs, *count, *y, *out, *scratch;
   void *qx, *qxs; /* quantising cases: the e4m3 rows and scales of a quantisation apart from dispatch */
+  /* the packed layouts: what the library writes and reads in place of x, xs, count and y (bufs_t's
+   * px ... prows where the transport is the cpu one) */
+  void *px, *pxs, *py, *pre, *prw, *pcnt, *poff, *psrc, *prows;
 } dbufs_t;
 
 /* Put this round's inputs where the library reads them; returns the
@@ -73,14 +83,21 @@ uint64_t mc_rr_resident_bytes(const mc_case_t *c, const bufs_t *b);
  * (recorded in me) */
 int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b);
 void mc_rr_packed_free(bufs_t *b);
-void mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, int rank);
+int64_t mc_rr_packed_max_rows(const mc_case_t *c); /* the most rows a round can bring */
+int mc_rr_packed_cols(const mc_case_t *c);         /* row_expert and row_weight entries per row */
+int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank); /* 0, or -1: an upload failed */
+int mc_rr_packed_get(const mc_case_t *c, bufs_t *b, const dbufs_t *d);       /* 0, or -1: a download failed */
 int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
 int mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank); /* returns 0 */
+/* mc_ref_packed.c: what the round's dispatch must give, from this round's
+ * inputs of every group; computed before the round, so that no rank spends
+ * a timed round on the reference */
+void mc_rr_packed_expect(const mc_case_t *c, bufs_t *b, int rank);
 /* mc_ref_packed.c: the round's dispatch in a packed layout, between marks
  * 0-3: 0 done, 1 dropped on every rank as the reference said (a declared
  * capacity exceeded), -1 failed (recorded in me) */
-int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const call_in_t *ci, int m, int one_call,
-                          int rank, uint64_t round, int gpu, mc_run_rank_t *me);
+int mc_rr_packed_dispatch(const mc_case_t *c, mc_a2a_t *a2a, bufs_t *b, const dbufs_t *d, const call_in_t *ci, int m,
+                          int one_call, int rank, uint64_t round, mc_run_rank_t *me);
 
 /* mc_ref_check.c: outputs against the reference (dispatch: after
  * mc_rr_poison_outputs drew its reference), bad calls that must be refused */

@@ -95,6 +95,7 @@ static int round_inputs(rank_st_t *st, int check, call_in_t *ci) {
     }
     if (check) mc_ref_input_payload(c, &st->b.ins[g]);
   }
+  if (c->layout != MC_LAYOUT_BATCHED) mc_rr_packed_expect(c, &st->b, st->rank);
   mc_input_t *mine = &st->b.ins[st->rank / G];
   if (st->o->differ_round == (int)st->round && st->rank % G == G - 1 && G > 1 && mine->m > 0 && mine->weights)
     mine->weights[0] += 0.5f; /* this rank's copy only: its group's inputs now differ */
@@ -124,7 +125,7 @@ int mc_rr_round_barrier(rank_st_t *st) {
 static int round_dispatch(rank_st_t *st, const call_in_t *ci, int m, int one_call) {
   dbufs_t *d = &st->d;
   if (st->c->layout != MC_LAYOUT_BATCHED)
-    return mc_rr_packed_dispatch(st->c, st->a2a, &st->b, ci, m, one_call, st->rank, st->round, st->gpu, st->me);
+    return mc_rr_packed_dispatch(st->c, st->a2a, &st->b, &st->d, ci, m, one_call, st->rank, st->round, st->me);
   const void *tokens = ci->tokens, *scales = ci->scales;
 #define DISPATCH(flags)                                                                                                \
   mc_dispatch(st->a2a, tokens, scales, ci->indices, ci->weights, m, ci->bound, d->x, d->xs, d->count, flags,          \
@@ -164,10 +165,20 @@ static int round_experts(rank_st_t *st, int check) {
                st->rank);
     return -1;
   }
+  if (c->layout != MC_LAYOUT_BATCHED && b->prows > st->me->recv_rows_max) st->me->recv_rows_max = b->prows;
   if (check && c->layout != MC_LAYOUT_BATCHED && mc_rr_packed_unpack(c, b, st->rank, st->round, st->me) != 0)
     return -1; /* the packed rows checked, and back in batched slots for the checks below */
   if (check) mc_rr_check_dispatch(c, b, st->rank, st->round, st->me);
-  if (c->layout != MC_LAYOUT_BATCHED) return mc_rr_packed_rows_y(c, b, st->rank); /* outputs as rows */
+  if (c->layout != MC_LAYOUT_BATCHED) { /* outputs as rows */
+    mc_rr_packed_rows_y(c, b, st->rank);
+    const size_t yrow = (size_t)c->hidden * mc_dtype_size(c->in_dtype);
+    if (d->gpu && b->prows > 0 && mc_dev_put(1, d->py, b->py, (size_t)b->prows * yrow)) {
+      mc_rr_fail(st->me, 0, "round %llu rank %d: uploading the rows combine takes failed", (unsigned long long)st->round,
+                 st->rank);
+      return -1;
+    }
+    return 0;
+  }
   if (mc_rr_experts_roundtrip(c, b, d, st->rank)) {
     mc_rr_fail(st->me, 0, "round %llu rank %d: uploading expert outputs failed", (unsigned long long)st->round,
                st->rank);
@@ -179,7 +190,7 @@ static int round_experts(rank_st_t *st, int check) {
 /* Combine as one call or two halves, between marks 4-7. */
 static int round_combine(rank_st_t *st, int one_call) {
   dbufs_t *d = &st->d;
-  const void *y = st->c->layout != MC_LAYOUT_BATCHED ? (const void *)st->b.py : d->y;
+  const void *y = st->c->layout != MC_LAYOUT_BATCHED ? d->py : d->y;
   mc_dev_mark(st->gpu, 4);
   if (one_call) {
     API(st, mc_combine(st->a2a, y, d->out, MC_SEND_RECV, mc_dev_stream()));
