@@ -19,15 +19,14 @@ Prefill: with prefill_tokens > max_tokens the layer holds a second handle,
 of the expert-sorted layout, and a call of more than max_tokens tokens (up
 to prefill_tokens) goes through it: its receive buffers are sized by the
 rows that arrive (the count step synchronises the host: not for CUDA
-graphs), where the batched layout's would hold every expert's worst case
-(the cpu transport in this version: the GPU transports refuse the packed
-layouts at create). `grouped_experts(rows)` then gets a namespace of
-tensors: x [rows][hidden] (one row per (token, local expert), each expert's
-rows from expert_offset[l], a multiple of expert_align; padding rows after
-each expert's, their x not written), x_scale, row_expert [rows] (the row's
-local expert, -1 on padding), row_weight, expert_count [L], expert_offset
-[L + 1], rows; it returns y [rows][hidden] in y_dtype, what an m-grouped
-GEMM over contiguous rows gives. Calls of up to max_tokens tokens keep the
+graphs), where the batched layout's would hold every expert's worst case.
+`grouped_experts(rows)` then gets a namespace of tensors: x [rows][hidden]
+(one row per (token, local expert), each expert's rows from
+expert_offset[l], a multiple of expert_align; padding rows after each
+expert's, their x not written), x_scale, row_expert [rows] (the row's local
+expert, -1 on padding), row_weight, expert_count [L], expert_offset [L + 1],
+rows; it returns y [rows][hidden] in y_dtype, what an m-grouped GEMM over
+contiguous rows gives. Calls of up to max_tokens tokens keep the
 batched layout.
 """
 from types import SimpleNamespace
