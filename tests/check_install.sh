@@ -10,6 +10,7 @@ cmake --install "$build" --prefix "$tmp/prefix" > /dev/null
 mkdir -p "$tmp/app"
 cat > "$tmp/app/main.c" <<'C'
 #include <moecomm.h>
+#include <moecomm_bench.h> /* installed beside it */
 #include <stdio.h>
 int main(void) {
   printf("moecomm %d: %s\n", mc_version(), mc_result_string(MC_SUCCESS));

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "moecomm.h"
+#include "moecomm_bench.h"
 
 /* The seed of this run: MC_SEED from the environment, else drawn from the
  * clock and pid at start. Printed on every failure so a run can be replayed. */

@@ -76,7 +76,7 @@ int test_dtype_conversions(void) {
 }
 
 /* ---- fp8 e4m3 and block quantisation (src/core/mc_quant.h) against the
- * reference written apart from it (tests/ref/mc_ref_quant.c) ---- */
+ * reference written apart from it (ref/mc_ref_quant.c) ---- */
 
 /* Every bf16 value, and every float at and around each midpoint between
  * two neighbouring e4m3 values (where ties-to-even decides), converts to

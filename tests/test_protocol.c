@@ -53,7 +53,7 @@ int test_world_sizes(void) {
 
 /* MC_INPUT_BF16_TO_E4M3: dispatch quantises bf16 rows in its send half;
  * expert_x and expert_scale must hold, byte for byte, what the reference
- * quantiser (tests/ref/mc_ref_quant.c) makes of them, in both scale
+ * quantiser (ref/mc_ref_quant.c) makes of them, in both scale
  * formats, over world and group sizes, with refused calls among the rounds
  * (scales passed while quantising among them) and as processes too; and
  * the way it replaces, rows quantised apart first (mc_dev_quantise, the

@@ -13,6 +13,7 @@
 #include "mc_oob.h"
 #include "mc_params.h"
 #include "mc_testing.h"
+#include "moecomm_bench.h"
 
 /* A failed allgather's text: a built-in helper's own account (which rank
  * it saw at fault), or, for the caller's callback, only that it failed: the

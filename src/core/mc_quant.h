@@ -1,6 +1,6 @@
 /* mc_quant.h - bf16 -> fp8 e4m3 in blocks of 128 values with one scale a
  * block, in plain bit arithmetic, host and device (MC_HD), so that every
- * transport quantises identically. tests/ref/mc_ref_quant.c is an
+ * transport quantises identically. ref/mc_ref_quant.c is an
  * independent implementation of the same rules, and the tests check that
  * the two agree bit for bit.
  *

@@ -1,5 +1,5 @@
 /* mc_ref_rank.h - what the parts of the multi-rank harness share (private to
- * tests/ref): a rank's host buffers, its device mirrors, the checks against
+ * ref/): a rank's host buffers, its device mirrors, the checks against
  * the reference model, the bad-call injection, the CUDA-graph mode. */
 #ifndef MC_REF_RANK_H
 #define MC_REF_RANK_H
@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "mc_ref_run.h"
+#include "moecomm_bench.h"
 
 #define POISON_X 0xA5
 #define POISON_OUT 0xFF /* all-ones: a NaN in every dtype */
