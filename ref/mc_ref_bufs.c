@@ -94,7 +94,7 @@ int mc_rr_poison_outputs(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
   /* the packed layouts: their rows, poisoned (and uploaded); the batched
    * slots they are unpacked into for the checks are the harness's own */
   const int packed = c->layout != MC_LAYOUT_BATCHED, sg = packed ? 0 : d->gpu;
-  if (packed) bad |= mc_rr_packed_poison(c, b, d, rank);
+  if (packed) bad |= mc_rr_packed_poison(c, b, d);
   uint8_t *x = packed ? b->x : d->x, *xs = packed ? b->xs : d->xs;
   for (int l = 0; l < L; l++) {
     const size_t at = (size_t)l * cap, n = (size_t)b->ref_count[l], end = band_end(b->ref_count[l], cap);

@@ -102,25 +102,18 @@ static int copy_sync(void *dst, const void *src, size_t n, enum cudaMemcpyKind k
 }
 #endif
 
-int mc_dev_put(int gpu, void *dst, const void *src, size_t n) {
+/* to_dev: host to device, else device to host (both host memory without a GPU) */
+static int dev_copy(int gpu, void *dst, const void *src, size_t n, int to_dev) {
   if (dst == src || n == 0) return 0;
 #ifdef MC_REF_CUDA
-  if (gpu) return copy_sync(dst, src, n, cudaMemcpyHostToDevice);
+  if (gpu) return copy_sync(dst, src, n, to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
 #endif
-  (void)gpu;
+  (void)gpu, (void)to_dev;
   memcpy(dst, src, n);
   return 0;
 }
-
-int mc_dev_get(int gpu, void *dst, const void *src, size_t n) {
-  if (dst == src || n == 0) return 0;
-#ifdef MC_REF_CUDA
-  if (gpu) return copy_sync(dst, src, n, cudaMemcpyDeviceToHost);
-#endif
-  (void)gpu;
-  memcpy(dst, src, n);
-  return 0;
-}
+int mc_dev_put(int gpu, void *dst, const void *src, size_t n) { return dev_copy(gpu, dst, src, n, 1); }
+int mc_dev_get(int gpu, void *dst, const void *src, size_t n) { return dev_copy(gpu, dst, src, n, 0); }
 
 int mc_dev_fill(int gpu, void *p, int byte, size_t n) {
 #ifdef MC_REF_CUDA

@@ -59,10 +59,11 @@ void mc_rr_packed_free(bufs_t *b) {
   free(b->pcnt), free(b->poff), free(b->psrc), free(b->pwant_cnt);
 }
 
-/* Before a round: the rows it will write and a band past them, and every
- * count, hold poison (uploaded where the transport is a GPU one). */
-int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank) {
-  const int64_t want = mc_ref_packed_rows(c, b->ins, rank, NULL);
+/* Before a round, after mc_rr_packed_expect: the rows it will write and a
+ * band past them, and every count, hold poison (uploaded where the
+ * transport is a GPU one). */
+int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d) {
+  const int64_t want = b->pwant;
   const int64_t n = want + POISON_BAND < b->prow_max + POISON_BAND ? want + POISON_BAND : b->prow_max + POISON_BAND;
   const int L = mc_ref_local_experts(c);
   memset(b->px, POISON_X, (size_t)n * c->token_bytes);
@@ -136,7 +137,7 @@ int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round,
   if (!src) FAIL("round %llu rank %d: out of host memory", rd, rank);
   const int32_t *cnt = b->ref_count; /* each expert's rows, as the reference has them */
   int bad = 0;
-  const int64_t want = mc_ref_packed_rows(c, b->ins, rank, NULL);
+  const int64_t want = b->pwant;
   if (rows != want) {
     free(src);
     FAIL("round %llu rank %d: recv->rows=%lld, reference %lld", rd, rank, (long long)rows, (long long)want);

@@ -86,7 +86,7 @@ int mc_rr_packed_alloc(const mc_case_t *c, bufs_t *b);
 void mc_rr_packed_free(bufs_t *b);
 int64_t mc_rr_packed_max_rows(const mc_case_t *c); /* the most rows a round can bring */
 int mc_rr_packed_cols(const mc_case_t *c);         /* row_expert and row_weight entries per row */
-int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d, int rank); /* 0, or -1: an upload failed */
+int mc_rr_packed_poison(const mc_case_t *c, bufs_t *b, dbufs_t *d); /* 0, or -1: an upload failed */
 int mc_rr_packed_get(const mc_case_t *c, bufs_t *b, const dbufs_t *d);       /* 0, or -1: a download failed */
 int mc_rr_packed_unpack(const mc_case_t *c, bufs_t *b, int rank, uint64_t round, mc_run_rank_t *me);
 int mc_rr_packed_rows_y(const mc_case_t *c, bufs_t *b, int rank); /* returns 0 */
