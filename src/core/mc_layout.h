@@ -207,6 +207,11 @@ MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_
  * pieces (the last also carries the scales) and one header piece, each
  * stored by its own warp and counted in MC_SIG_DISP_RECS */
 MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+/* The bytes of a token's segment j (the last one may be short). */
+MC_HD uint32_t mc_token_seg_bytes(const mc_shape_t *s, int j) {
+  const uint64_t left = s->token_bytes - (uint64_t)j * MC_SEG_BYTES;
+  return (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+}
 MC_HD uint64_t mc_record_pieces(const mc_shape_t *s) { return (uint64_t)mc_token_segs(s) + 1; }
 /* Slots in the caller's expert_x / expert_scale / expert_y: local experts x capacity. */
 MC_HD uint64_t mc_expert_slots(const mc_shape_t *s) {

@@ -30,15 +30,6 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round, const u
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 
-/* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
- * payload pieces) ----
- * Every block waits for all metas and computes the slot bases itself (a few
- * hundred integers: cheaper than a grid-wide barrier); warps then take
- * items in (source, index) order, wait until that source's pieces have all
- * landed, read the record's targets (a lane per k), and copy their pieces
- * into every slot of this rank's experts; the warp of the first piece
- * writes the record's route entry for combine. The last block to finish
- * moves the running totals on. */
 /* Every block's first steps, in every layout: the running totals read,
  * every source's meta awaited, the group digests compared, then every
  * meta word loaded at once (a dependent load per source and expert is a
@@ -112,6 +103,15 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
   return 0;
 }
 
+/* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
+ * payload pieces) ----
+ * Every block waits for all metas and computes the slot bases itself (a few
+ * hundred integers: cheaper than a grid-wide barrier); warps then take
+ * items in (source, index) order, wait until that source's pieces have all
+ * landed, read the record's targets (a lane per k), and copy their pieces
+ * into every slot of this rank's experts; the warp of the first piece
+ * writes the record's route entry for combine. The last block to finish
+ * moves the running totals on. */
 MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
@@ -146,8 +146,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
     /* the first piece's loads go out before the header's: they do not
      * depend on it, and the copy is a chain of memory latencies */
-    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES, left0 = s->token_bytes - po0;
-    const uint32_t bytes0 = (uint32_t)(left0 < MC_SEG_BYTES ? left0 : MC_SEG_BYTES);
+    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES;
+    const uint32_t bytes0 = mc_token_seg_bytes(s, j0);
     int4 v[4];
     mc_warp_piece_load(v, rec + poff + po0, bytes0, lane);
     /* lane k reads target k: this rank's experts among them, ascending id */
@@ -164,8 +164,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
      * position from the lane that read that target): no table of pointers,
      * which lived in local memory */
     for (int j = j0; j < j1; j++) {
-      const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-      const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+      const uint64_t po = (uint64_t)j * MC_SEG_BYTES;
+      const uint32_t bytes = mc_token_seg_bytes(s, j);
       if (j > j0) mc_warp_piece_load(v, rec + poff + po, bytes, lane);
       uint32_t rest = km;
       for (int q = 0; q < n; q++) {

@@ -51,6 +51,7 @@
 #include "mc_route.h"
 #include "mc_dev.cuh"
 #include "mc_gpu_prep.cuh"
+#include "mc_gpu_prep_tiny.cuh"
 #include "mc_gpu_quant.cuh"
 #include "mc_gpu_rows.cuh"
 
@@ -85,8 +86,8 @@ static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs
     unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
     if (a.quant) { /* the payload and scales made part by part from the bf16 row */
       for (int j = 0; j < mc_token_segs(s); j++) {
-        const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-        const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+        const uint64_t po = (uint64_t)j * MC_SEG_BYTES;
+        const uint32_t bytes = mc_token_seg_bytes(s, j);
         for (int qq = 0; qq < MC_QUANT_WARPS; qq++) {
           int4 v;
           uint32_t sc;
@@ -176,8 +177,8 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
   for (int it = gw; it < (end - begin) * S * per; it += nw) {
     const int pc = it / per, qq = it % per, tt = pc / S, j = pc % S, t = begin + tt;
     const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
-    const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-    const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+    const uint64_t po = (uint64_t)j * MC_SEG_BYTES;
+    const uint32_t bytes = mc_token_seg_bytes(s, j);
     int4 v[4]; /* the piece (quantising: v[0] the part), loaded or made once for every destination,
                   before the table is read */
     uint32_t qsc = 0; /* quantising: the scale of the part's block */

@@ -219,8 +219,8 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
     }
     const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)m.prefix[src]);
     const mc_record_header_t *h = (const mc_record_header_t *)rec;
-    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES, left0 = s->token_bytes - po0;
-    const uint32_t bytes0 = (uint32_t)(left0 < MC_SEG_BYTES ? left0 : MC_SEG_BYTES);
+    const uint64_t po0 = (uint64_t)j0 * MC_SEG_BYTES;
+    const uint32_t bytes0 = mc_token_seg_bytes(s, j0);
     int4 v[4];
     mc_warp_piece_load(v, rec + poff + po0, bytes0, lane);
     /* lane k reads target k: this rank's experts among them, ascending id */
@@ -236,8 +236,8 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
     const uint32_t km = __ballot_sync(0xffffffffu, here);
     const int n = __popc(km), at = __popc(km & mc_lanemask_lt());
     for (int j = j0; j < j1; j++) {
-      const uint64_t po = (uint64_t)j * MC_SEG_BYTES, left = s->token_bytes - po;
-      const uint32_t bytes = (uint32_t)(left < MC_SEG_BYTES ? left : MC_SEG_BYTES);
+      const uint64_t po = (uint64_t)j * MC_SEG_BYTES;
+      const uint32_t bytes = mc_token_seg_bytes(s, j);
       if (j > j0) mc_warp_piece_load(v, rec + poff + po, bytes, lane);
       uint32_t rest = sorted ? km : km & (0u - km); /* packed: one row, from the first target here */
       for (; rest; rest &= rest - 1) {

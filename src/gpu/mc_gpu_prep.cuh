@@ -15,6 +15,8 @@
  *   last block to finish scans the chunks' counts into each chunk's bases
  *   (mc_prep_scan_chunks) and a small fix kernel adds them; the tables go
  *   to the workspace and the headers to staging, for the send kernel.
+ * A decode call of at most 32 (token, k) pairs, in groups of one rank,
+ * takes the one-warp prep of mc_gpu_prep_tiny.cuh instead.
  *
  * The scan: lane t of a scanning warp owns token t; it ORs its bit into its
  * warp's mask of each of its experts and ranks (shared-memory atomics:
@@ -503,82 +505,6 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
                    s->group_size > 1 ? digest + mc_m_digest(m_eff) : 0);
   mc_trace_end(&a, MC_TK_PREP);
   return m_eff;
-}
-
-/* The one-launch prep of a call of at most 32 (token, k) pairs where a
- * group is one rank: one warp, a lane per pair (token lane / K, its
- * (lane % K)-th expert), by warp votes in place of the per-token loops
- * over K and the block-wide scans, whose dependent chains are most of a
- * decode batch's prep. Leaves in shared memory what
- * mc_dispatch_prep_body does; the same slots (token order) and the same
- * failure records (the first bad k of the first bad token). Returns m, or
- * -1 where refused. */
-MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, const int m) {
-  const mc_shape_t *s = &a.s;
-  const int W = s->world_size, E = s->num_experts, L = mc_num_local_experts(s), C = E + W;
-  const int tid = threadIdx.x, lane = tid & 31;
-  extern __shared__ uint32_t smem[];
-  uint32_t *count = smem, *rexp = smem + C;
-  const mc_route_tab_t tab = mc_tab_shared(smem, s);
-  uint32_t *sent = mc_one_sent(smem, s);
-  __shared__ int bad;
-  mc_trace_start(&a, MC_TK_PREP);
-  for (int i = tid; i < C + W; i += blockDim.x) smem[i] = 0;
-  for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;
-  __syncthreads(); /* the counts are zero before warp 0 sets them */
-  mc_trace_point(&a, MC_TK_PREP, 1);
-  if (tid < 32) {
-    const uint32_t all = 0xffffffffu, lt = mc_lanemask_lt();
-    const int t = lane / K, k = lane - t * K;
-    const bool on = lane < m * K;
-    int64_t v = -1; /* (the weights: the send step's, into the headers) */
-    if (on) v = a.ids64 ? ((const int64_t *)a.indices)[lane] : (int64_t)((const int32_t *)a.indices)[lane];
-    const uint32_t tok = on ? ((1u << K) - 1u) << (t * K) : 0u; /* this token's lanes */
-    const uint32_t same = __match_any_sync(all, (unsigned long long)v); /* lanes with this id */
-    const bool oor = on && (v < 0 || v >= E), dup = on && !oor && (same & tok & lt);
-    const uint32_t badm = __ballot_sync(all, oor || dup);
-    if (lane == 0) bad = badm != 0;
-    if (badm) {
-      if (lane == __ffs(badm) - 1 && blockIdx.x == 0)
-        mc_dev_fail(a.err, oor ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND, a.rank, -1, -1, t, k,
-                    (int)(int32_t)v, 0, (uint64_t)v, round);
-    } else {
-      const int rk = on ? (int)v / L : -1;
-      /* every lane takes part in each warp vote: one behind a short-circuit
-       * would leave the others waiting in it for ever */
-      const uint32_t same_r = __match_any_sync(all, rk);
-      const bool f = on && !(same_r & tok & lt); /* the first k of its rank */
-      const uint32_t lead = __ballot_sync(all, f);
-      int jpos = 0; /* this rank's index among the token's ranks, ascending */
-      for (int j = 0; j < K; j++) {
-        const int rj = __shfl_sync(all, rk, (t * K + j) & 31);
-        jpos += (lead >> ((t * K + j) & 31) & 1u) && rj < rk;
-      }
-      /* records to each rank and to each expert: the lanes before with the same key */
-      const uint32_t same_rk = __match_any_sync(all, f ? rk : W + lane);
-      const int ridx = __popc(same_rk & lt), tpos = __popc(same & lt);
-      if (f) {
-        if (ridx == 0) count[E + rk] = rexp[rk] = __popc(same_rk);
-        tab.dests[t * K + jpos] = (uint16_t)rk;
-        tab.ridx[t * K + jpos] = (uint32_t)ridx;
-      }
-      if (on) {
-        if (tpos == 0) count[v] = __popc(same);
-        tab.tpos[t * K + k] = (uint32_t)tpos;
-        if (k == 0) tab.ndest[t] = (uint16_t)__popc(lead & tok);
-      }
-    }
-  }
-  __syncthreads();
-  mc_trace_point(&a, MC_TK_PREP, 0);
-  if (bad) {
-    if (tid == 0 && blockIdx.x == 0) mc_prep_refuse(a, true);
-    return -1;
-  }
-  mc_pdl_launch_dependents(); /* as mc_dispatch_prep_body: every block has prepped */
-  if (blockIdx.x == 0) mc_prep_finish(a, 0, K, true, count, rexp, m, tab, round, 0);
-  mc_trace_end(&a, MC_TK_PREP);
-  return m;
 }
 
 /* The chunked prep kernel: one inlined copy per common top-k (with K a
