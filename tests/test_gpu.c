@@ -2,99 +2,24 @@
  * as processes (several on one GPU under MPS: run through
  * scripts/mc-launch.sh). Each test skips (exit 77) where no CUDA device is
  * visible or the build has no GPU transport. Inputs are fresh per run; a
- * failure prints the seed and the case. */
-#include <math.h>
+ * failure prints the seed and the case. Quantising in dispatch:
+ * test_gpu_quant.c; what both share: mc_test_gpu.c. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "mc_quant.h"
 #include "mc_ref_dev.h"
 #include "mc_ref_run.h"
 #include "mc_test.h"
-
-#define MC_TEST_SKIP 77
-
-/* Probe in a child: the parent must not start CUDA before it forks ranks. */
-static int gpu_transport_usable(void) {
-  pid_t p = fork();
-  if (p == 0) _exit(mc_dev_have_cuda() ? 0 : 1);
-  int st = 0;
-  waitpid(p, &st, 0);
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-#define REQUIRE_GPU()                                                                        \
-  do {                                                                                       \
-    if (!gpu_transport_usable()) {                                                           \
-      printf("skipped: no CUDA device visible, or this build has no GPU transport\n");      \
-      return MC_TEST_SKIP;                                                                   \
-    }                                                                                        \
-  } while (0)
-
-static mc_transport_t gpu_transport(void) {
-  const char *t = getenv("MC_TEST_TRANSPORT");
-  return t && strcmp(t, "p2p") == 0 ? MC_TRANSPORT_P2P : MC_TRANSPORT_NVSHMEM;
-}
-
-/* One run over `transport`, ranks as processes (or as threads of this
- * process), its verdict printed with the case. */
-static int run_as(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport, int processes) {
-  o->processes = processes;
-  o->transport = transport;
-  if (!o->whole) o->whole = 2; /* every other round as one call: the one-launch kernels and the halves */
-  mc_run_result_t res;
-  int failed = mc_run(c, o, &res);
-  char desc[400];
-  mc_ref_describe(c, desc, sizeof desc);
-  printf("%s: %s: %s\n", failed ? "FAILED" : "ok", processes ? "processes" : "threads", desc);
-  if (failed) fprintf(stderr, "%s\n", failed < 0 ? "could not start" : mc_run_first_failure(&res));
-  mc_run_free(&res);
-  return failed != 0;
-}
-
-static int run_on(mc_case_t *c, mc_run_opts_t *o, mc_transport_t transport) { return run_as(c, o, transport, 1); }
-
-static int run_gpu(mc_case_t *c, mc_run_opts_t *o) { return run_on(c, o, gpu_transport()); }
-
-/* The same, keeping the per-rank results (the caller frees them). */
-static int run_gpu_result(mc_case_t *c, mc_run_opts_t *o, mc_run_result_t *res) {
-  o->processes = 1;
-  o->transport = gpu_transport();
-  return mc_run(c, o, res);
-}
-
-/* MC_TEST_MAX_WORLD=N caps every test's ranks at N, rounded down to a power
- * of two: one rank per GPU on a machine of N GPUs (scripts/gpu-run.sh multi),
- * where more ranks than GPUs would share one without MPS. */
-static int cap_world(int world) {
-  const char *s = getenv("MC_TEST_MAX_WORLD");
-  int cap = s ? atoi(s) : 0, p2 = 1;
-  while (p2 * 2 <= cap) p2 *= 2; /* a power of two: the tests' expert counts divide by it */
-  return cap > 0 && world > p2 ? p2 : world;
-}
-
-static void small_case(mc_case_t *c, int world, int group, int i) {
-  mc_ref_random_case(mc_test_seed * 7919u + (uint64_t)i, c);
-  world = cap_world(world);
-  if (world % group) group = 1;
-  c->world_size = world;
-  c->group_size = group;
-  c->num_experts = world * 8;
-  c->topk = 4;
-  c->max_tokens = 24;
-  c->hidden = 256;
-}
+#include "mc_test_gpu.h"
 
 int test_gpu_ep_sizes(void) {
   REQUIRE_GPU();
   static const int worlds[] = {1, 2, 4, 8};
   for (int w = 0; w < 4; w++)
     for (int g = 1; g <= 2; g++) {
-      if (worlds[w] % g || cap_world(worlds[w]) != worlds[w]) continue;
+      if (worlds[w] % g || mc_tg_cap_world(worlds[w]) != worlds[w]) continue;
       mc_case_t c;
-      small_case(&c, worlds[w], g, w * 2 + g);
+      mc_tg_small_case(&c, worlds[w], g, w * 2 + g);
       /* fp8 payload with block scales */
       c.token_bytes = 1024;
       c.scale_bytes = 32;
@@ -102,13 +27,13 @@ int test_gpu_ep_sizes(void) {
       c.out_dtype = MC_DTYPE_BF16;
       mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
       o.rounds = 4;
-      MC_CHECK(run_gpu(&c, &o) == 0);
+      MC_CHECK(mc_tg_run(&c, &o) == 0);
       /* bf16 payload, no scales, other dtypes */
       c.token_bytes = 512;
       c.scale_bytes = 0;
       c.in_dtype = MC_DTYPE_FP32;
       c.out_dtype = MC_DTYPE_FP16;
-      MC_CHECK(run_gpu(&c, &o) == 0);
+      MC_CHECK(mc_tg_run(&c, &o) == 0);
     }
   return 0;
 }
@@ -123,9 +48,9 @@ int test_gpu_packed(void) {
   static const int worlds[] = {1, 2, 4, 8};
   for (int i = 0; i < 8; i++) {
     const int w = worlds[i % 4];
-    if (cap_world(w) != w) continue;
+    if (mc_tg_cap_world(w) != w) continue;
     mc_case_t c;
-    small_case(&c, w, i >= 4 && w > 1 ? 2 : 1, 60 + i);
+    mc_tg_small_case(&c, w, i >= 4 && w > 1 ? 2 : 1, 60 + i);
     c.token_bytes = 1024;
     c.scale_bytes = 32;
     c.layout = i % 2 ? MC_LAYOUT_EXPERT_SORTED : MC_LAYOUT_PACKED;
@@ -135,18 +60,18 @@ int test_gpu_packed(void) {
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 5;
     o.whole = 2;
-    MC_CHECK(run_gpu(&c, &o) == 0);
+    MC_CHECK(mc_tg_run(&c, &o) == 0);
   }
   for (int layout = MC_LAYOUT_PACKED; layout <= MC_LAYOUT_EXPERT_SORTED; layout++) {
     mc_case_t c;
-    mc_ref_deepseek_case(cap_world(8), 64, &c);
+    mc_ref_deepseek_case(mc_tg_cap_world(8), 64, &c);
     c.seed = mc_test_seed;
     c.layout = layout;
     c.expert_align = layout == MC_LAYOUT_EXPERT_SORTED ? 128 : 1;
     c.declare = layout == MC_LAYOUT_PACKED ? 0 : -1;
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
-    MC_CHECK(run_gpu(&c, &o) == 0);
+    MC_CHECK(mc_tg_run(&c, &o) == 0);
   }
   return 0;
 }
@@ -154,11 +79,11 @@ int test_gpu_packed(void) {
 int test_gpu_deepseek_shape(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  mc_ref_deepseek_case(mc_tg_cap_world(8), 32, &c);
   c.seed = mc_test_seed;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
@@ -175,7 +100,7 @@ int test_gpu_prep_passes(void) {
   } cases[] = {{2, 1, 32, 8, 700}, {4, 2, 64, 6, 530}, {4, 1, 2048, 4, 300}};
   for (int i = 0; i < 3; i++) {
     mc_case_t c;
-    small_case(&c, cases[i].world, cases[i].group, 40 + i);
+    mc_tg_small_case(&c, cases[i].world, cases[i].group, 40 + i);
     c.num_experts = cases[i].experts;
     c.topk = cases[i].topk;
     c.max_tokens = cases[i].tokens;
@@ -183,7 +108,7 @@ int test_gpu_prep_passes(void) {
     c.use_bound_m = 1; /* some rounds: chunks the bound leaves empty, or cuts */
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 4;
-    MC_CHECK(run_gpu(&c, &o) == 0);
+    MC_CHECK(mc_tg_run(&c, &o) == 0);
   }
   return 0;
 }
@@ -196,12 +121,12 @@ int test_gpu_topk_kernels(void) {
   static const int topks[] = {1, 2, 3, 4, 5, 6, 8, 16};
   for (int i = 0; i < (int)(sizeof topks / sizeof topks[0]); i++) {
     mc_case_t c;
-    small_case(&c, 2, 1 + i % 2, 60 + i);
+    mc_tg_small_case(&c, 2, 1 + i % 2, 60 + i);
     c.num_experts = 32;
     c.topk = topks[i];
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.rounds = 3;
-    MC_CHECK_MSG(run_gpu(&c, &o) == 0, "top-k %d", topks[i]);
+    MC_CHECK_MSG(mc_tg_run(&c, &o) == 0, "top-k %d", topks[i]);
   }
   return 0;
 }
@@ -211,13 +136,13 @@ int test_gpu_topk_kernels(void) {
  * ranks and the group (the digest in the metas), as on the cpu transport. */
 int test_gpu_group_inputs_differ(void) {
   REQUIRE_GPU();
-  if (cap_world(2) != 2) {
+  if (mc_tg_cap_world(2) != 2) {
     printf("skipped: needs 2 ranks\n");
     return MC_TEST_SKIP;
   }
   for (int pass = 0; pass < 2; pass++) { /* one launch; more tokens than a prep chunk (the chunked prep) */
     mc_case_t c;
-    small_case(&c, 2, 2, 90 + pass);
+    mc_tg_small_case(&c, 2, 2, 90 + pass);
     c.num_experts = 16;
     c.no_weights = 0;
     c.zero_tokens = 0;
@@ -229,7 +154,7 @@ int test_gpu_group_inputs_differ(void) {
     o.timeout_ms = 3000;
     o.differ_round = 2;
     mc_run_result_t res;
-    MC_CHECK(run_gpu_result(&c, &o, &res) == 2);
+    MC_CHECK(mc_tg_run_result(&c, &o, &res) == 2);
     for (int r = 0; r < 2; r++) {
       fprintf(stderr, "rank %d: %s\n", r, res.ranks[r].msg);
       MC_CHECK_MSG(res.ranks[r].api_rc == MC_ERR_INVALID_USAGE || res.ranks[r].api_rc == MC_ERR_ABORTED, "rank %d: %s",
@@ -242,108 +167,6 @@ int test_gpu_group_inputs_differ(void) {
   return 0;
 }
 
-/* MC_INPUT_BF16_TO_E4M3 on the GPU: the send kernels quantise (a warp a
- * piece of 2048 values, scales from 8 lanes' amax); expert_x and
- * expert_scale must match the reference quantiser byte for byte. Both
- * scale formats; the DeepSeek-V3 width (3.5 pieces a token: a short last
- * piece); the one-launch kernels of top-8 and of any top-k; more tokens
- * than one prep chunk (the chunked send kernel); groups. (Under
- * MC_TEST_STAGED=1 the staging pack kernel quantises too.) */
-int test_gpu_quant_dispatch(void) {
-  REQUIRE_GPU();
-  static const struct {
-    int world, group, experts, topk, tokens, hidden, ue8m0;
-  } cases[] = {{2, 1, 16, 8, 24, 7168, 0}, {2, 1, 16, 8, 24, 7168, 1}, {4, 2, 32, 6, 40, 1024, 1},
-               {2, 1, 32, 4, 300, 512, 0},  {8, 1, 64, 8, 16, 2048, 0},  {1, 1, 8, 3, 20, 512, 1}};
-  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-    if (cap_world(cases[i].world) != cases[i].world) continue;
-    mc_case_t c;
-    small_case(&c, cases[i].world, cases[i].group, 80 + i);
-    c.num_experts = cases[i].experts;
-    c.topk = cases[i].topk;
-    c.max_tokens = cases[i].tokens;
-    c.hidden = cases[i].hidden;
-    c.quant = cases[i].ue8m0 ? MC_REF_QUANT_UE8M0 : MC_REF_QUANT_FP32;
-    c.token_bytes = (size_t)c.hidden;
-    c.scale_bytes = mc_quant_scale_bytes(c.hidden, cases[i].ue8m0);
-    c.expert_identity = 0; /* the experts read the e4m3 payload as bytes */
-    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
-    o.rounds = 3;
-    MC_CHECK_MSG(run_gpu(&c, &o) == 0, "case %d", i);
-    o.quant_apart = 1; /* and mc-bench's baseline: the harness's quantising kernel, then bytes */
-    if (i < 2) MC_CHECK_MSG(run_gpu(&c, &o) == 0, "case %d, quantised apart", i);
-  }
-  return 0;
-}
-
-/* The e4m3 conversion as the GPU runs it (the hardware's, on sm_89 and
- * later) gives the host's bits, which test quant_e4m3 checks against the
- * reference: every bf16 value, each midpoint between neighbouring codes and
- * the floats either side of it, both signs, NaN and Inf, a million random
- * floats. */
-int test_gpu_quant_values(void) {
-  REQUIRE_GPU();
-#ifdef MC_REF_CUDA
-  const size_t n = 0x10000 + 2 * 3 * 0x7E + 1000000;
-  float *x = malloc(n * sizeof *x);
-  uint8_t *q = malloc(n);
-  MC_CHECK(x && q);
-  size_t i = 0;
-  for (uint32_t h = 0; h < 0x10000u; h++) x[i++] = mc_bf16_to_f32((uint16_t)h);
-  for (int c = 0; c < 0x7E; c++) {
-    const float mid = (float)(((double)mc_e4m3_to_f32((uint8_t)c) + (double)mc_e4m3_to_f32((uint8_t)(c + 1))) / 2);
-    const float near[] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, 1e9f)};
-    for (int j = 0; j < 3; j++) x[i++] = near[j], x[i++] = -near[j];
-  }
-  uint64_t r = mc_test_seed | 1;
-  while (i < n) {
-    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-    x[i++] = mc_bits_f32((uint32_t)(r >> 20));
-  }
-  MC_CHECK(mc_dev_select(0) == 0);
-  float *dx = mc_dev_alloc(1, n * sizeof *x);
-  uint8_t *dq = mc_dev_alloc(1, n);
-  MC_CHECK(dx && dq);
-  MC_CHECK(mc_dev_put(1, dx, x, n * sizeof *x) == 0);
-  MC_CHECK(mc_dev_fill(1, dq, 0xA5, n) == 0 && mc_dev_sync(1) == 0); /* poisoned */
-  MC_CHECK(mc_ref_e4m3_on_gpu(dx, n, dq) == 0);
-  MC_CHECK(mc_dev_get(1, q, dq, n) == 0);
-  size_t bad = 0;
-  for (size_t k = 0; k < n; k++)
-    if (q[k] != mc_f32_to_e4m3(x[k]) && bad++ < 8)
-      fprintf(stderr, "%a (bits 0x%08x): device 0x%02x, host 0x%02x\n", x[k], mc_f32_bits(x[k]), q[k],
-              mc_f32_to_e4m3(x[k]));
-  MC_CHECK_MSG(bad == 0, "%zu of %zu floats convert differently on the device", bad, n);
-  mc_dev_free(1, dx);
-  mc_dev_free(1, dq);
-  free(x);
-  free(q);
-  return 0;
-#else
-  printf("skipped: a build without CUDA\n");
-  return MC_TEST_SKIP;
-#endif
-}
-
-/* The fp32 format's division-free quotient (mc_quant.h) as the GPU runs it,
- * against the division run there too, over every pair test quant_division
- * checks on the host; and there the packed part functions of the kernels
- * against the scalar ones, both formats. */
-int test_gpu_quant_division(void) {
-  REQUIRE_GPU();
-#ifdef MC_REF_CUDA
-  unsigned long long bad = 0, first = 0;
-  MC_CHECK(mc_dev_select(0) == 0);
-  MC_CHECK(mc_ref_quant_division_on_gpu(&bad, &first) == 0);
-  MC_CHECK_MSG(bad == 0, "%llu bytes differ from the division's; the first: amax bf16 0x%04llx, x bf16 0x%04llx", bad,
-               first >> 16, first & 0xffffull);
-  return 0;
-#else
-  printf("skipped: a build without CUDA\n");
-  return MC_TEST_SKIP;
-#endif
-}
-
 /* An application that started NVSHMEM itself (here as PE 0 of 1): the
  * communicator attaches instead of starting it again, the kernels run on
  * that NVSHMEM and match the reference, and destroying the communicator
@@ -352,13 +175,13 @@ int test_gpu_quant_division(void) {
 int test_gpu_nvshmem_attach(void) {
   REQUIRE_GPU();
 #ifdef MC_REF_NVSHMEM
-  if (gpu_transport() != MC_TRANSPORT_NVSHMEM) {
+  if (mc_tg_transport() != MC_TRANSPORT_NVSHMEM) {
     printf("skipped: attach is an nvshmem transport matter\n");
     return MC_TEST_SKIP;
   }
   MC_CHECK(mc_ref_nvshmem_init_alone(0) == 0);
   mc_case_t c;
-  small_case(&c, 1, 1, 50);
+  mc_tg_small_case(&c, 1, 1, 50);
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
   o.transport = MC_TRANSPORT_NVSHMEM; /* o.processes stays 0: ranks are threads of this process */
@@ -382,7 +205,7 @@ int test_gpu_nvshmem_attach(void) {
 int test_gpu_p2p_other_host(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 2, 1, 60);
+  mc_tg_small_case(&c, 2, 1, 60);
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.processes = 1;
   o.split_hosts = 1;
@@ -410,7 +233,7 @@ int test_gpu_auto_transport(void) {
   REQUIRE_GPU();
   for (int split = 0; split <= 1; split++) {
     mc_case_t c;
-    small_case(&c, 2, 1, 70 + split);
+    mc_tg_small_case(&c, 2, 1, 70 + split);
     mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
     o.processes = 1;
     o.rounds = 3;
@@ -439,30 +262,30 @@ int test_gpu_auto_transport(void) {
 int test_gpu_bound_m(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 4, 2, 1);
+  mc_tg_small_case(&c, 4, 2, 1);
   c.use_bound_m = 1;
   c.zero_tokens = 1;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 12;
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
 int test_gpu_split(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 4, 1, 2);
+  mc_tg_small_case(&c, 4, 1, 2);
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 6;
   o.split = 1; /* device work queued between each send and its recv */
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
 int test_gpu_many_rounds(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 4, 2, 3);
+  mc_tg_small_case(&c, 4, 2, 3);
   c.max_tokens = 16;
   c.token_bytes = 64;
   c.scale_bytes = 8;
@@ -472,24 +295,24 @@ int test_gpu_many_rounds(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 1000; /* fresh routing every round, every round checked */
   o.barrier = 1;   /* and mc_a2a_barrier's kernel before each: 1000 of them */
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
 int test_gpu_bad_input(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 2, 1, 4);
+  mc_tg_small_case(&c, 2, 1, 4);
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
   o.inject_bad = 1; /* host-checked and device-checked refusals, then good rounds */
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   /* the bad row (the last valid one) in a later prep block than the first:
    * the verdict reaches the last block, and is cleared for the next round */
-  small_case(&c, 2, 1, 5);
+  mc_tg_small_case(&c, 2, 1, 5);
   c.max_tokens = 600;
   c.hidden = 64;
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
@@ -508,7 +331,7 @@ int test_gpu_few_tokens(void) {
   for (int g = 1; g <= 2; g++)
     for (int i = 0; i < 5; i++) {
       mc_case_t c;
-      small_case(&c, g == 2 ? 2 : i % 3 == 0 ? 1 : i % 3 == 1 ? 2 : 8, g, 40 + 5 * g + i); /* a rank alone too */
+      mc_tg_small_case(&c, g == 2 ? 2 : i % 3 == 0 ? 1 : i % 3 == 1 ? 2 : 8, g, 40 + 5 * g + i); /* a rank alone too */
       c.topk = ks[i];
       c.max_tokens = 32 / ks[i] + 2;
       c.zero_tokens = 1;
@@ -518,7 +341,7 @@ int test_gpu_few_tokens(void) {
       o.rounds = 6;
       o.inject_bad = 1;
       o.ids64 = i == 0;
-      MC_CHECK(run_gpu(&c, &o) == 0);
+      MC_CHECK(mc_tg_run(&c, &o) == 0);
     }
   return 0;
 }
@@ -529,23 +352,24 @@ int test_gpu_few_tokens(void) {
 int test_gpu_int64_ids(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 2, 1, 6);
+  mc_tg_small_case(&c, 2, 1, 6);
   c.use_bound_m = 1;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
   o.ids64 = 1;
   o.inject_bad = 1;
-  MC_CHECK(run_gpu(&c, &o) == 0);
-  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
+  mc_ref_deepseek_case(mc_tg_cap_world(8), 32, &c);
   c.seed = mc_test_seed;
   o.inject_bad = 0;
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
 int test_gpu_stall(void) {
   REQUIRE_GPU();
-  return mc_test_check_stall(gpu_transport(), 1, 500, cap_world(4)); /* a killed process; timeouts found on the device */
+  /* a killed process; timeouts found on the device */
+  return mc_test_check_stall(mc_tg_transport(), 1, 500, mc_tg_cap_world(4));
 }
 
 /* A rank killed, the others mask it and go on (mc_a2a_mask_ranks): a
@@ -553,21 +377,22 @@ int test_gpu_stall(void) {
  * the rank dying before its dispatch and between dispatch and combine. */
 int test_gpu_mask_dead_rank(void) {
   REQUIRE_GPU();
-  const int world = cap_world(4);
+  const int world = mc_tg_cap_world(4);
   if (world < 2) {
     printf("skipped: needs 2 ranks\n");
     return MC_TEST_SKIP;
   }
   for (int in_combine = 0; in_combine < 2; in_combine++)
-    MC_CHECK(mc_test_run_masked(gpu_transport(), world, (int)((mc_test_seed + (uint64_t)in_combine) % (uint64_t)world),
-                                in_combine, in_combine ? 200 : 1000, mc_test_seed + (uint64_t)in_combine, MC_LAYOUT_BATCHED) == 0);
+    MC_CHECK(mc_test_run_masked(mc_tg_transport(), world,
+                                (int)((mc_test_seed + (uint64_t)in_combine) % (uint64_t)world), in_combine,
+                                in_combine ? 200 : 1000, mc_test_seed + (uint64_t)in_combine, MC_LAYOUT_BATCHED) == 0);
   return 0;
 }
 
 int test_gpu_graph(void) {
   REQUIRE_GPU();
   mc_case_t c;
-  small_case(&c, 4, 2, 6);
+  mc_tg_small_case(&c, 4, 2, 6);
   c.in_dtype = MC_DTYPE_BF16;
   c.token_bytes = (size_t)c.hidden * 2; /* bf16 tokens: the identity expert is a copy */
   c.scale_bytes = 16;
@@ -577,7 +402,7 @@ int test_gpu_graph(void) {
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 20;
   o.graph = 1;
-  MC_CHECK(run_gpu(&c, &o) == 0);
+  MC_CHECK(mc_tg_run(&c, &o) == 0);
   return 0;
 }
 
@@ -591,7 +416,7 @@ int test_gpu_bench_floor(void) {
   REQUIRE_GPU();
   for (int mode = 0; mode < 3; mode++) { /* graph whole, eager whole, eager halves */
     mc_case_t c;
-    mc_ref_deepseek_case(cap_world(2), 32, &c);
+    mc_ref_deepseek_case(mc_tg_cap_world(2), 32, &c);
     c.seed = mc_test_seed + (uint64_t)mode;
     c.tokens = 3;
     c.bound_fixed = 1;
@@ -604,7 +429,7 @@ int test_gpu_bench_floor(void) {
     o.graph_timed = mode == 0;
     o.whole = mode < 2 ? 1 : 0;
     mc_run_result_t res;
-    const int failed = run_gpu_result(&c, &o, &res);
+    const int failed = mc_tg_run_result(&c, &o, &res);
     MC_CHECK_MSG(failed == 0, "mode %d: %s", mode, failed < 0 ? "could not start" : mc_run_first_failure(&res));
     for (int r = 0; r < c.world_size; r++)
       for (int ph = 0; ph < MC_PH_COUNT; ph++) {
@@ -633,7 +458,7 @@ int test_gpu_p2p_threads(void) {
   for (int w = 0; w < 3; w++)
     for (int split = 0; split <= 1; split++) {
       mc_case_t c;
-      small_case(&c, worlds[w], 1, 70 + w * 2 + split);
+      mc_tg_small_case(&c, worlds[w], 1, 70 + w * 2 + split);
       c.token_bytes = 1024; /* fp8 payload with block scales */
       c.scale_bytes = 32;
       c.in_dtype = MC_DTYPE_BF16;
@@ -643,17 +468,17 @@ int test_gpu_p2p_threads(void) {
       o.rounds = 6;
       o.split = split;
       o.barrier = worlds[w] == 8; /* mc_a2a_barrier's kernel first: the first launch that waits for peers */
-      MC_CHECK(run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
+      MC_CHECK(mc_tg_run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
     }
   /* the DeepSeek-V3 shape, 8 threads, a few rounds, as mc-bench runs them
    * (a barrier kernel before each round). With the kernels loaded lazily at
    * their first launch this hung: mc_gpu_kernel_limits loads them all. */
   mc_case_t c;
-  mc_ref_deepseek_case(cap_world(8), 32, &c);
+  mc_ref_deepseek_case(mc_tg_cap_world(8), 32, &c);
   c.seed = mc_test_seed + 2;
   mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
   o.rounds = 3;
   o.barrier = 1;
-  MC_CHECK(run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
+  MC_CHECK(mc_tg_run_as(&c, &o, MC_TRANSPORT_P2P, 0) == 0);
   return 0;
 }
