@@ -1,11 +1,13 @@
 /* mc_gpu_combine.cuh - combine on the GPU: combine-send pre-reduces each
  * received record's experts into one row per (token, rank of its group) and
  * stores it into those ranks' windows; combine-recv waits for every rank's
- * rows and sums each token's in rank order. Part of mc_gpu_kernels.cuh
+ * rows and sums each token's in rank order. Built on mc_gpu_kernels.cuh
  * (which says what a transport provides, and why a round cannot overwrite
- * what a peer still reads); included there after the dispatch kernels. */
+ * what a peer still reads); its entry points are rows of mc_gpu_table.cuh. */
 #ifndef MC_GPU_COMBINE_CUH
 #define MC_GPU_COMBINE_CUH
+
+#include "mc_gpu_kernels.cuh"
 
 #define MC_CSEND_THREADS 256 /* combine-send holds 32 fp32 sums + 4 loads per lane: 2 blocks of 256 per SM at <= 128 registers */
 
@@ -112,13 +114,6 @@ MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking) {
   default: mc_combine_send_body(a, masking, MC_DTYPE_FP32); break;
   }
 }
-static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send(mc_kargs_t a) {
-  mc_combine_send_kernel(a, 0);
-}
-/* where ranks are masked (mc_gpu_launch.cuh) */
-static __global__ void __launch_bounds__(MC_CSEND_THREADS, 2) mc_k_combine_send_masked(mc_kargs_t a) {
-  mc_combine_send_kernel(a, 1);
-}
 
 /* ---- combine-recv (whole grid) ----
  * Wait for every rank's rows, sum each token's rows in ascending rank order
@@ -220,13 +215,13 @@ MC_DEV void mc_combine_recv_masked(const mc_kargs_t &a, const int dt, const int 
  * dispatch, long finished, or arrives signalled (its own rows too), so it
  * sums rows while the sender still runs; the wait keeps later work on the
  * stream after both. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv(mc_kargs_t a) {
-  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_plain, a);
-  mc_pdl_wait();
-}
-/* where ranks are masked (mc_gpu_launch.cuh) */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_combine_recv_masked(mc_kargs_t a) {
-  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) MC_BY_DTYPE_PAIR(mc_combine_recv_masked, a);
+MC_DEV void mc_combine_recv_kernel(const mc_kargs_t &a, const int masking) {
+  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) {
+  } else if (masking) {
+    MC_BY_DTYPE_PAIR(mc_combine_recv_masked, a);
+  } else {
+    MC_BY_DTYPE_PAIR(mc_combine_recv_plain, a);
+  }
   mc_pdl_wait();
 }
 

@@ -1,11 +1,13 @@
 /* mc_gpu_dispatch_recv.cuh - dispatch-recv on the GPU: wait for every
  * source's meta and records, compute the slot bases, copy each record's
- * pieces into expert_x and write the route entries combine reads. Part of
+ * pieces into expert_x and write the route entries combine reads. Built on
  * mc_gpu_kernels.cuh (which says what a transport provides, and why a round
- * cannot overwrite what a peer still reads); included there after the
- * dispatch-send kernels. */
+ * cannot overwrite what a peer still reads); its entry points are rows of
+ * mc_gpu_table.cuh. */
 #ifndef MC_GPU_DISPATCH_RECV_CUH
 #define MC_GPU_DISPATCH_RECV_CUH
+
+#include "mc_gpu_kernels.cuh"
 
 /* Dynamic shared memory: seen[W] (uint64: each source's record pieces
  * before this round), then base[W][L], prefix[W + 1]. */
@@ -251,16 +253,12 @@ MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
   if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_body(a, masking, round, call);
   mc_pdl_wait();
 }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv(mc_kargs_t a) { mc_dispatch_recv_kernel(a, 0); }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_masked(mc_kargs_t a) {
-  mc_dispatch_recv_kernel(a, 1);
-}
 
 /* A refused call whose dispatch-recv never ran (the caller learnt of the
  * refusal first): dispatch-recv's call count moves past it, as that kernel
  * would have moved it (where the counts agree already, this changes
  * nothing: a CUDA graph that captured it replays safely). */
-static __global__ void mc_k_drecv_skip(mc_kargs_t a) {
+MC_DEV void mc_drecv_skip(const mc_kargs_t &a) {
   *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
 }
 

@@ -7,6 +7,20 @@
 #include "mc_internal.h"
 #include "mc_gpu.h"
 
+/* What a launch chooses among a half's variants (mc_gpu_table.cuh); ONLY:
+ * a kernel with none, launched by its name. */
+typedef enum mc_kernel_role {
+  MC_KR_ONLY,
+  MC_KR_PREP,
+  MC_KR_SEND,
+  MC_KR_SEND_ONE,
+  MC_KR_DRECV,
+  MC_KR_DRECV_PACKED,
+  MC_KR_CSEND,
+  MC_KR_CRECV,
+  MC_KR_COUNT
+} mc_kernel_role_t;
+
 typedef struct mc_gpu {
   unsigned char *win;      /* this rank's window (symmetric heap or IPC-exported) */
   unsigned char *ws;       /* device workspace */
@@ -18,8 +32,8 @@ typedef struct mc_gpu {
                               decode batches on a GPU of its own: mc_gpu_launch.cuh) */
   int alone;               /* no other rank on this GPU */
   int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
-  const void *send_one;    /* that kernel, the one for this top-k (and quantising or not) */
-  const void *send_chunked; /* the chunked path's send kernel, quantising or not */
+  const void *kern[MC_KR_COUNT][2]; /* each role's kernel for this handle (its top-k, quantising or not), not
+                                       masked and masked: mc_kernel_pick at create, NULL where there is none */
   int pdl;                 /* receiving kernels launched early (mc_gpu_launch.cuh) */
   int recv_owed;           /* a refused round's dispatch-recv was never launched (mc_k_drecv_skip) */
   int staged;              /* some peer is reached only by puts: stage records first */

@@ -1,7 +1,8 @@
 /* mc_gpu_kernels.cuh - dispatch and combine on the GPU, written once for
- * both GPU transports (dispatch's prep in mc_gpu_prep.cuh, dispatch-recv in
- * mc_gpu_dispatch_recv.cuh, combine's kernels in mc_gpu_combine.cuh, all
- * included here). The including .cu file first
+ * both GPU transports: dispatch-send here (its prep in mc_gpu_prep.cuh),
+ * dispatch-recv in mc_gpu_dispatch_recv.cuh and mc_gpu_packed.cuh, combine
+ * in mc_gpu_combine.cuh; the entry points are the rows of mc_gpu_table.cuh,
+ * which the transport's .cu includes. The including .cu file first
  * defines the device-side transport interface:
  *
  *   mc_t_put_signal_warp(a, dst_off, src, bytes, slot, value, op, pe)
@@ -73,7 +74,7 @@ static inline size_t mc_send_smem_bytes(const mc_shape_t *s) { return sizeof(uin
 
 /* ---- dispatch-send, chunked path: pack payloads into staging (whole
  * grid), launched only when some peer is reached by puts ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_pack(mc_kargs_t a) {
+MC_DEV void mc_dispatch_pack(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;
@@ -250,17 +251,6 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const 
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);
   mc_trace_end(&a, MC_TK_DSEND);
 }
-/* Quantising or not, each its own kernel: the quantisation is thousands of
- * instructions, and a kernel's code costs its every launch. */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 0); }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q(mc_kargs_t a) { mc_dispatch_send_body(a, 0, 1); }
-/* where ranks are masked (the only dispatch-send then: chunked) */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_masked(mc_kargs_t a) {
-  mc_dispatch_send_body(a, 1, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_q_masked(mc_kargs_t a) {
-  mc_dispatch_send_body(a, 1, 1);
-}
 
 /* ---- dispatch-send in one launch, where the group's tokens fit one prep
  * chunk and every peer is reachable: the blocks the call's tokens need
@@ -305,46 +295,10 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
     }
   }
 }
-/* One kernel per common top-k, and one for any other: with K a constant
- * the prep's per-k loops (unrolled to MC_MAX_TOPK) shrink to K instead of
- * the generic 16 x 16. Kernels, not inlined copies behind a switch in one
- * kernel: copies grow every shape's code, fetched at every launch, while a
- * kernel of its own costs the others nothing. The launch plan picks one
- * at create (mc_gpu_launch.cuh). */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k8(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 8, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k6(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 6, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k4(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 4, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_k2(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 2, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_kn(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, a.s.topk, 0);
-}
-/* quantising (MC_INPUT_BF16_TO_E4M3): top-8 and any other, kernels apart
- * from the ones above (the quantisation's code would cost those) */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_q8(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, 8, 1);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_send_one_qn(mc_kargs_t a) {
-  mc_dispatch_send_one_body(a, a.s.topk, 1);
-}
-
-#include "mc_gpu_dispatch_recv.cuh"
-#include "mc_gpu_packed.cuh"
-#include "mc_gpu_combine.cuh"
-
 /* ---- the launch floor (mc_a2a_bench_floor): a phase's sending and
  * receiving kernels with no work, launched as the phase's are (the same
  * argument block); the receiving one waits for its sender at its end, as
  * the phase's receivers do ---- */
-static __global__ void mc_k_floor_send(mc_kargs_t) { mc_pdl_launch_dependents(); }
-static __global__ void mc_k_floor_recv(mc_kargs_t) { mc_pdl_wait(); }
 
 /* ---- mc_a2a_mask_ranks: the cpu transport's two steps in one block,
  * after every kernel of the broken round has ended; the new mask is in the
@@ -416,7 +370,7 @@ MC_DEV void mc_mask_used_up(const mc_kargs_t *a, uint64_t *calls) {
     if (!mc_masked(1, a, p)) mc_signal_set(*a, p, MC_SIG_RESYNC, 4 * ++calls[p]);
 }
 
-static __global__ void mc_k_mask(mc_kargs_t a) {
+MC_DEV void mc_mask_kernel(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, tid = threadIdx.x;
   uint64_t *calls = (uint64_t *)(a.ws + mc_ws_mask_calls_off(s));
@@ -467,7 +421,7 @@ static __global__ void mc_k_mask(mc_kargs_t a) {
 /* ---- mc_a2a_barrier: one block; every rank SETs its count into every
  * peer's slot, then waits for every peer's. Counts only grow, so a SET of
  * call n+1 cannot be confused with call n's. ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_barrier(mc_kargs_t a) {
+MC_DEV void mc_barrier_kernel(mc_kargs_t a) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const uint64_t n = (uint64_t)sc[MC_WS_BARRIERS] + 1;

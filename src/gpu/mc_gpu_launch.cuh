@@ -1,11 +1,13 @@
 /* mc_gpu_launch.cuh - the host side of the four halves and the barrier,
  * shared by the GPU transports: included by each transport's .cu after
- * mc_gpu_kernels.cuh (whose kernels are static: each transport compiles
+ * mc_gpu_table.cuh (whose kernels are static: each transport compiles
  * its own copy over its own device interface). Defines mc_gpu_dsend,
  * mc_gpu_drecv, mc_gpu_csend, mc_gpu_crecv and mc_gpu_barrier for the
  * transport's ops table. */
 #ifndef MC_GPU_LAUNCH_CUH
 #define MC_GPU_LAUNCH_CUH
+
+#include "mc_gpu_table.cuh"
 
 static mc_gpu_t *gpu(mc_a2a_t *a2a) { return (mc_gpu_t *)a2a->impl; }
 
@@ -25,51 +27,27 @@ static mc_result_t cuda_fail(mc_a2a_t *a2a, cudaError_t e, const char *what) {
 static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   mc_gpu_t *g = gpu(a2a);
   const mc_shape_t *s = &a2a->shape;
-  static const void *const all[] = {(const void *)mc_k_dispatch_prep, (const void *)mc_k_dispatch_prep_fix,
-                                    (const void *)mc_k_dispatch_pack, (const void *)mc_k_dispatch_send,
-                                    (const void *)mc_k_dispatch_send_one_k8, (const void *)mc_k_dispatch_send_one_k6,
-                                    (const void *)mc_k_dispatch_send_one_k4, (const void *)mc_k_dispatch_send_one_k2,
-                                    (const void *)mc_k_dispatch_send_one_kn, (const void *)mc_k_dispatch_send_one_q8,
-                                    (const void *)mc_k_dispatch_send_one_qn, (const void *)mc_k_dispatch_send_q,
-                                    (const void *)mc_k_dispatch_recv,
-                                    (const void *)mc_k_combine_send, (const void *)mc_k_combine_recv,
-                                    (const void *)mc_k_dispatch_prep_masked, (const void *)mc_k_dispatch_send_masked,
-                                    (const void *)mc_k_dispatch_send_q_masked, (const void *)mc_k_dispatch_recv_masked,
-                                    (const void *)mc_k_combine_send_masked, (const void *)mc_k_combine_recv_masked,
-                                    (const void *)mc_k_barrier, (const void *)mc_k_mask,
-                                    (const void *)mc_k_floor_send, (const void *)mc_k_floor_recv,
-                                    (const void *)mc_k_dispatch_recv_packed,
-                                    (const void *)mc_k_dispatch_recv_packed_masked, (const void *)mc_k_dispatch_counts,
-                                    (const void *)mc_k_drop_ack};
   cudaError_t e = cudaSuccess;
-  for (size_t i = 0; e == cudaSuccess && i < sizeof all / sizeof all[0]; i++) {
+  for (int i = 0; e == cudaSuccess && i < mc_kernel_nrows; i++) {
     struct cudaFuncAttributes attr;
-    e = cudaFuncGetAttributes(&attr, all[i]);
+    e = cudaFuncGetAttributes(&attr, mc_kernel_rows[i].fn);
   }
   if (e != cudaSuccess) return cuda_fail(a2a, e, "loading the kernels");
   int dev = 0, optin = 48 << 10;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (mc_prep_smem_bytes(s) > (48u << 10)) {
-    e = cudaFuncSetAttribute(mc_k_dispatch_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_prep_smem_bytes(s));
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(mc_k_dispatch_prep_masked, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               (int)mc_prep_smem_bytes(s));
-  }
+  /* each role's kernel for this handle, from the table (mc_gpu_table.cuh) */
+  const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
+  for (int r = 0; r < MC_KR_COUNT; r++)
+    for (int m = 0; m < 2; m++) g->kern[r][m] = r == MC_KR_ONLY ? NULL : mc_kernel_pick(r, m, quant, s->topk);
+  for (int m = 0; m < 2 && mc_prep_smem_bytes(s) > (48u << 10) && e == cudaSuccess; m++)
+    e = cudaFuncSetAttribute(g->kern[MC_KR_PREP][m], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)mc_prep_smem_bytes(s));
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the prep kernel's shared memory");
   g->one = !g->staged && mc_one_smem_bytes(s) <= (size_t)optin;
-  const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
-  switch (quant ? -s->topk : s->topk) { /* the one-launch kernel of this top-k (mc_gpu_kernels.cuh) */
-  case 8: g->send_one = (const void *)mc_k_dispatch_send_one_k8; break;
-  case 6: g->send_one = (const void *)mc_k_dispatch_send_one_k6; break;
-  case 4: g->send_one = (const void *)mc_k_dispatch_send_one_k4; break;
-  case 2: g->send_one = (const void *)mc_k_dispatch_send_one_k2; break;
-  case -8: g->send_one = (const void *)mc_k_dispatch_send_one_q8; break;
-  default: g->send_one = quant ? (const void *)mc_k_dispatch_send_one_qn : (const void *)mc_k_dispatch_send_one_kn;
-  }
-  g->send_chunked = quant ? (const void *)mc_k_dispatch_send_q : (const void *)mc_k_dispatch_send;
   if (g->one && mc_one_smem_bytes(s) > (48u << 10)) {
-    e = cudaFuncSetAttribute(g->send_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
+    e = cudaFuncSetAttribute(g->kern[MC_KR_SEND_ONE][0], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)mc_one_smem_bytes(s));
     if (e == cudaSuccess) /* the launch floor's empty sender takes the same (mc_gpu_bench_floor) */
       e = cudaFuncSetAttribute(mc_k_floor_send, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mc_one_smem_bytes(s));
   }
@@ -80,9 +58,8 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
                    "the packed layouts on a GPU need %zu bytes of shared memory a block for %d ranks and %d local "
                    "experts, more than the %d this GPU has",
                    psmem, s->world_size, mc_num_local_experts(s), optin);
-  static const void *const packed[] = {(const void *)mc_k_dispatch_recv_packed,
-                                       (const void *)mc_k_dispatch_recv_packed_masked,
-                                       (const void *)mc_k_dispatch_counts};
+  const void *const packed[] = {g->kern[MC_KR_DRECV_PACKED][0], g->kern[MC_KR_DRECV_PACKED][1],
+                                (const void *)mc_k_dispatch_counts};
   for (size_t i = 0; mc_packed_layout(s) && psmem > (48u << 10) && e == cudaSuccess && i < 3; i++)
     e = cudaFuncSetAttribute(packed[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psmem);
   if (e != cudaSuccess) return cuda_fail(a2a, e, "raising the packed layouts' shared memory");
@@ -182,39 +159,33 @@ static mc_result_t run_half(mc_a2a_t *a2a, int half, const mc_dispatch_args_t *d
     }
     const mc_launch_t l = plan_dsend(g, s, ka.m, ka.quant, masked);
     if (dsend_one(g, s, ka.m, masked)) { /* one launch, the kernel of this top-k */
-      e = launch(g, g->send_one, l, st, &ka);
+      e = launch(g, g->kern[MC_KR_SEND_ONE][0], l, st, &ka);
       break;
     }
     /* chunked: a prep block per chunk of the call's tokens; the fix only where there are several */
     const int chunk = mc_prep_chunk(s), chunks = ka.m > chunk ? (ka.m + chunk - 1) / chunk : 1;
-    if (masked) mc_k_dispatch_prep_masked<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
-    else mc_k_dispatch_prep<<<chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), st>>>(ka);
+    e = launch(g, g->kern[MC_KR_PREP][masked], mc_launch_t{chunks, MC_PREP_THREADS, mc_prep_smem_bytes(s), 0}, st,
+               &ka);
+    if (e != cudaSuccess) break;
     if (chunks > 1) mc_k_dispatch_prep_fix<<<g->grid, MC_PREP_THREADS, 0, st>>>(ka);
     if (g->staged) mc_k_dispatch_pack<<<g->grid, MC_THREADS, 0, st>>>(ka);
-    const void *send = !masked ? g->send_chunked
-                       : ka.quant ? (const void *)mc_k_dispatch_send_q_masked
-                                  : (const void *)mc_k_dispatch_send_masked;
-    e = launch(g, send, l, st, &ka);
+    e = launch(g, g->kern[MC_KR_SEND][masked], l, st, &ka);
     break;
   }
   case MC_PHASE_DRECV: {
-    const void *fn = mc_packed_layout(s) ? (masked ? (const void *)mc_k_dispatch_recv_packed_masked
-                                                   : (const void *)mc_k_dispatch_recv_packed)
-                     : masked ? (const void *)mc_k_dispatch_recv_masked
-                              : (const void *)mc_k_dispatch_recv;
-    e = launch(g, fn, plan_drecv(g, s, ka.m), st, &ka);
+    e = launch(g, g->kern[mc_packed_layout(s) ? MC_KR_DRECV_PACKED : MC_KR_DRECV][masked], plan_drecv(g, s, ka.m), st,
+               &ka);
     break;
   }
   case MC_PHASE_CSEND:
-    e = launch(g, masked ? (const void *)mc_k_combine_send_masked : (const void *)mc_k_combine_send,
-               plan_csend(g, s, a2a->round_m), st, &ka);
+    e = launch(g, g->kern[MC_KR_CSEND][masked], plan_csend(g, s, a2a->round_m), st, &ka);
     break;
   case MC_PHASE_CRECV:
-    e = launch(g, masked ? (const void *)mc_k_combine_recv_masked : (const void *)mc_k_combine_recv,
-               plan_crecv(g, s, a2a->round_m), st, &ka);
+    e = launch(g, g->kern[MC_KR_CRECV][masked], plan_crecv(g, s, a2a->round_m), st, &ka);
     break;
   }
   if (e == cudaSuccess) e = cudaGetLastError();
+  else (void)cudaGetLastError(); /* a failed launch's error is this call's, not the next one's */
   return e == cudaSuccess ? MC_SUCCESS : cuda_fail(a2a, e, "kernel launch");
 }
 

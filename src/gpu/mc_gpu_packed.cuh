@@ -1,7 +1,7 @@
 /* mc_gpu_packed.cuh - the packed receive layouts on the GPU
  * (MC_LAYOUT_PACKED, MC_LAYOUT_EXPERT_SORTED): dispatch-recv into rows, and
- * the count step. Part of mc_gpu_kernels.cuh, after dispatch-recv, whose
- * first steps it shares (mc_drecv_metas).
+ * the count step. Built on dispatch-recv, whose first steps it shares
+ * (mc_drecv_metas); its entry points are rows of mc_gpu_table.cuh.
  *
  * The send half is the batched layout's; its metas then also carry the
  * sender's declared capacity and its records to every rank and expert
@@ -22,6 +22,8 @@
  * then reusable. */
 #ifndef MC_GPU_PACKED_CUH
 #define MC_GPU_PACKED_CUH
+
+#include "mc_gpu_dispatch_recv.cuh"
 
 /* Dynamic shared memory, in 32-bit words: seen[W], rows[W] and loff[L + 1]
  * (uint64 each), then base[W][L], prefix[W + 1], ecount[L]. */
@@ -299,16 +301,10 @@ MC_DEV void mc_dispatch_recv_packed_kernel(const mc_kargs_t &a, const int maskin
   if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_packed_body(a, masking, round, call);
   mc_pdl_wait();
 }
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_packed(mc_kargs_t a) {
-  mc_dispatch_recv_packed_kernel(a, 0);
-}
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_recv_packed_masked(mc_kargs_t a) {
-  mc_dispatch_recv_packed_kernel(a, 1);
-}
 
 /* A dropped round reported by the host: dispatch-sends launched after this
  * go out again (mc_gpu_host.c, drop_report). */
-static __global__ void mc_k_drop_ack(mc_kargs_t a) { mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_DROP] = 0; }
+MC_DEV void mc_drop_ack(const mc_kargs_t &a) { mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_DROP] = 0; }
 
 /* ---- the count step (mc_dispatch_counts): one block, launched after the
  * send half on the caller's stream, which the host then synchronises. It
@@ -317,7 +313,7 @@ static __global__ void mc_k_drop_ack(mc_kargs_t a) { mc_ws_u32(&a, mc_ws_scalars
  * memory, a2a->counts; it moves nothing on, so it may run again, unless
  * the round is over a declared capacity: then it drops it as dispatch-recv
  * would. A call refused on the device leaves nothing to count: -1 rows. ---- */
-static __global__ void __launch_bounds__(MC_THREADS) mc_k_dispatch_counts(mc_kargs_t a) {
+MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const int L = mc_num_local_experts(s), tid = threadIdx.x;
   const int masking = a.mask != NULL;

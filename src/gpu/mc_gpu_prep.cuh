@@ -518,21 +518,13 @@ MC_DEV int mc_dispatch_prep(const mc_kargs_t &a, const int masking, const int mo
   default: return mc_dispatch_prep_body(a, masking, a.s.topk, mode, round, m);
   }
 }
-/* chunked: one block per chunk */
-static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep(mc_kargs_t a) {
-  mc_dispatch_prep(a, 0, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
-}
-/* the same where ranks are masked: the only prep that drops their experts */
-static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_masked(mc_kargs_t a) {
-  mc_dispatch_prep(a, 1, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1);
-}
 
 /* ---- chunked, more than one chunk: each chunk's bases (the last prep
  * block's scan) added to its tokens' positions: the header's slot per
  * expert and the record index per destination rank. One thread per
  * (token, k) of this rank's share past the first chunk (whose bases are
  * zero). ---- */
-static __global__ void __launch_bounds__(MC_PREP_THREADS) mc_k_dispatch_prep_fix(mc_kargs_t a) {
+MC_DEV void mc_dispatch_prep_fix(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   if (sc[MC_WS_BAD]) return;

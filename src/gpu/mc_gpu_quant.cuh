@@ -5,10 +5,11 @@
  * rules and the very functions of src/core/mc_quant.h, so the bytes and
  * scales are the cpu transport's. A block of 128 values is 8 parts, held by
  * 8 neighbouring lanes: its amax is a max over those lanes (order-free, so
- * the same bits as a sequential max). Part of mc_gpu_kernels.cuh. */
+ * the same bits as a sequential max). Used by mc_gpu_kernels.cuh. */
 #ifndef MC_GPU_QUANT_CUH
 #define MC_GPU_QUANT_CUH
 
+#include "mc_dev.cuh"
 #include "mc_quant.h"
 
 /* Warps that quantise a piece together, a part (16 values) a lane each;

@@ -36,7 +36,7 @@ static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs
   return a->direct ? (unsigned char *)nvshmem_ptr(a->win, pe) : NULL;
 }
 
-#include "mc_gpu_kernels.cuh"
+#include "mc_gpu_table.cuh"
 #include "mc_gpu_launch.cuh"
 
 /* ---- start-up ---- */

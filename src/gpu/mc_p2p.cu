@@ -30,7 +30,7 @@ static __device__ __forceinline__ void mc_t_put_signal_warp(const mc_kargs_t *, 
                                                             uint64_t, int, int) {}
 static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *, int, uint64_t, int, int) {}
 
-#include "mc_gpu_kernels.cuh"
+#include "mc_gpu_table.cuh"
 #include "mc_gpu_launch.cuh"
 
 /* What a rank tells the others about its window (one allgather). */
