@@ -9,7 +9,8 @@
  * private "workspace" only it touches. Window, in this order:
  *
  *   signals      MC_SIG_COUNT x world_size uint64 slots (see MC_SIG_*)
- *   disp_meta    [world_size][meta_bytes]   per source rank: n records + per-local-expert counts
+ *   disp_meta    [world_size][meta_bytes]   per source rank: n records + per-local-expert counts,
+ *                                           each word tagged with the round
  *   disp_recv    [world_size][src_cap][record_bytes]  records from each source rank
  *   comb_recv    [world_size][max_tokens][row_bytes]  one row per (expert rank, token of my group)
  *   disp_send    [src_cap][record_bytes]    staging: records packed once, put to every destination
@@ -50,7 +51,8 @@
 
 /* Signal slots, each an array of world_size uint64 indexed by the peer. */
 enum {
-  MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed */
+  MC_SIG_DISP_META = 0, /* SET to the round number once peer's meta landed by a put (a meta
+                           stored directly carries the round in its words: mc_meta_pack) */
   MC_SIG_DISP_RECS = 1, /* ADD per record from peer (cpu: 1 a record; GPU: 1 a record piece,
                            mc_record_pieces); never reset (running total) */
   MC_SIG_COMB_ROWS = 2, /* ADD per combine row from peer (cpu: 1 a row; GPU: 1 a row segment); never reset */
@@ -144,39 +146,51 @@ MC_HD uint64_t mc_record_scale_off(const mc_shape_t *s) { return mc_header_bytes
 MC_HD uint64_t mc_record_bytes(const mc_shape_t *s) {
   return mc_align_up(mc_header_bytes(s) + s->token_bytes + s->scale_bytes, MC_ALIGN);
 }
-/* Meta from one source: uint32 n_records, then uint32 count per local
- * expert, then a 64-bit digest of the round's inputs of the source's group
- * (m, indices, weights; two uint32 from word mc_meta_digest_word): the
- * ranks of a group must pass the same, and a receiver compares the members'
- * digests (every transport; a group of one rank has nothing to compare, so
- * nothing reads its digest words). */
+/* Meta from one source: 64-bit words, each a uint32 value in its low half
+ * and the round in its high half (mc_meta_pack). A word is written by one
+ * 8-byte store and seen whole, so a receiver that the sender stores into
+ * directly polls the words themselves until they carry its round: no
+ * signal, and no release after the sender's stores (a receiver reached by
+ * puts waits for the meta signal first, as for the records). Every sender
+ * writes every word of mc_meta_words, the unused ones as zero. Words: the
+ * records to this receiver, a count per local expert, then a 64-bit digest
+ * of the round's inputs of the source's group (m, indices, weights; its low
+ * and high halves from word mc_meta_digest_word): the ranks of a group must
+ * pass the same, and a receiver compares the members' digests (a group of
+ * one rank has nothing to compare). */
+MC_HD uint64_t mc_meta_pack(uint64_t round, uint32_t v) { return (uint64_t)(uint32_t)round << 32 | v; }
 MC_HD int mc_meta_digest_word(const mc_shape_t *s) { return 1 + mc_num_local_experts(s); }
 /* The packed layouts (mc_dispatch_packed) add the sender's declared row
- * capacity (two uint32 from mc_meta_limit_word, 0: none) and its records
- * to every rank (world_size uint32 from mc_meta_torank_word); the
- * expert-sorted layout, whose rows are per expert, also its records to
- * every expert (num_experts uint32 from mc_meta_toexpert_word). The same
- * words in every meta a sender sends, so that from the metas it receives
- * every rank knows every rank's rows and capacity, and all reach one
- * verdict. */
+ * capacity (two words from mc_meta_limit_word, low half first, 0: none)
+ * and its records to every rank (world_size words from
+ * mc_meta_torank_word); the expert-sorted layout, whose rows are per
+ * expert, also its records to every expert (num_experts words from
+ * mc_meta_toexpert_word). The same words in every meta a sender sends, so
+ * that from the metas it receives every rank knows every rank's rows and
+ * capacity, and all reach one verdict. */
 MC_HD int mc_packed_layout(const mc_shape_t *s) { return s->layout != 0; }
 MC_HD int mc_meta_limit_word(const mc_shape_t *s) { return 3 + mc_num_local_experts(s); }
 MC_HD int mc_meta_torank_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s); }
 MC_HD int mc_meta_toexpert_word(const mc_shape_t *s) { return 5 + mc_num_local_experts(s) + s->world_size; }
-MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
-  const uint64_t words = s->layout == 2   ? (uint64_t)mc_meta_toexpert_word(s) + (uint64_t)s->num_experts
-                         : s->layout == 1 ? (uint64_t)mc_meta_toexpert_word(s)
-                                          : 3 + (uint64_t)mc_num_local_experts(s);
-  return mc_align_up(words * sizeof(uint32_t), MC_ALIGN);
+MC_HD int mc_meta_words(const mc_shape_t *s) {
+  return s->layout == 2   ? mc_meta_toexpert_word(s) + s->num_experts
+         : s->layout == 1 ? mc_meta_toexpert_word(s)
+                          : 3 + mc_num_local_experts(s);
 }
-/* Source src's meta in a window's disp_meta region (meta0: its start). */
-MC_HD const uint32_t *mc_meta_of(const mc_shape_t *s, const unsigned char *meta0, int src) {
-  return (const uint32_t *)(meta0 + (uint64_t)src * mc_meta_bytes(s));
+MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
+  return mc_align_up((uint64_t)mc_meta_words(s) * sizeof(uint64_t), MC_ALIGN);
+}
+/* The value of word w of source src's meta in a window's disp_meta region
+ * (meta0: its start), once it has arrived. A volatile load: on a GPU it
+ * reads the word where the sender's store landed, never a copy an SM
+ * cached before. */
+MC_HD uint32_t mc_meta_get(const mc_shape_t *s, const unsigned char *meta0, int src, int w) {
+  return (uint32_t)((const volatile uint64_t *)(meta0 + (uint64_t)src * mc_meta_bytes(s)))[w];
 }
 /* Packed layouts: the capacity rank q declared (0: none), from its meta. */
 MC_HD int64_t mc_packed_limit(const mc_shape_t *s, const unsigned char *meta0, int q) {
-  const uint32_t *m = mc_meta_of(s, meta0, q) + mc_meta_limit_word(s);
-  return (int64_t)((uint64_t)m[0] | (uint64_t)m[1] << 32);
+  const int w = mc_meta_limit_word(s);
+  return (int64_t)((uint64_t)mc_meta_get(s, meta0, q, w) | (uint64_t)mc_meta_get(s, meta0, q, w + 1) << 32);
 }
 /* Packed layouts: the rows rank q receives this round, from every source's
  * meta (skip[src] set: a masked source, which sent none): packed, one per
@@ -187,13 +201,13 @@ MC_HD int64_t mc_packed_rows(const mc_shape_t *s, const unsigned char *meta0, co
   int64_t rows = 0;
   if (s->layout == 1) { /* MC_LAYOUT_PACKED (2: MC_LAYOUT_EXPERT_SORTED) */
     for (int src = 0; src < W; src++)
-      if (!skip || !skip[src]) rows += mc_meta_of(s, meta0, src)[mc_meta_torank_word(s) + q];
+      if (!skip || !skip[src]) rows += mc_meta_get(s, meta0, src, mc_meta_torank_word(s) + q);
     return rows;
   }
   for (int l = 0; l < L; l++) {
     int64_t n = 0;
     for (int src = 0; src < W; src++)
-      if (!skip || !skip[src]) n += mc_meta_of(s, meta0, src)[mc_meta_toexpert_word(s) + q * L + l];
+      if (!skip || !skip[src]) n += mc_meta_get(s, meta0, src, mc_meta_toexpert_word(s) + q * L + l);
     rows += (int64_t)mc_align_up((uint64_t)n, (uint64_t)s->expert_align);
   }
   return rows;

@@ -150,16 +150,18 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   const uint64_t limit = args->recv ? (uint64_t)args->recv->capacity : 0;
   for (int d = 0; d < W; d++) {
     if (a2a->masked[d]) continue;
-    uint32_t *meta = (uint32_t *)(win + mc_meta_send_off(s, d));
-    meta[0] = nrec[d];
-    memcpy(meta + 1, npos + (int64_t)d * L, sizeof(uint32_t) * (size_t)L);
-    memcpy(meta + mc_meta_digest_word(s), &digest, sizeof digest);
+    uint64_t *meta = (uint64_t *)(win + mc_meta_send_off(s, d));
+    for (int w = 0; w < mc_meta_words(s); w++) meta[w] = mc_meta_pack(round, 0);
+    meta[0] = mc_meta_pack(round, nrec[d]);
+    for (int l = 0; l < L; l++) meta[1 + l] = mc_meta_pack(round, npos[(int64_t)d * L + l]);
+    meta[mc_meta_digest_word(s)] = mc_meta_pack(round, (uint32_t)digest);
+    meta[mc_meta_digest_word(s) + 1] = mc_meta_pack(round, (uint32_t)(digest >> 32));
     if (mc_packed_layout(s)) { /* the words every rank's verdict reads (mc_packed_rows) */
-      meta[mc_meta_limit_word(s)] = (uint32_t)limit;
-      meta[mc_meta_limit_word(s) + 1] = (uint32_t)(limit >> 32);
-      memcpy(meta + mc_meta_torank_word(s), nrec, sizeof(uint32_t) * (size_t)W);
-      if (s->layout == MC_LAYOUT_EXPERT_SORTED)
-        memcpy(meta + mc_meta_toexpert_word(s), npos, sizeof(uint32_t) * (size_t)s->num_experts);
+      meta[mc_meta_limit_word(s)] = mc_meta_pack(round, (uint32_t)limit);
+      meta[mc_meta_limit_word(s) + 1] = mc_meta_pack(round, (uint32_t)(limit >> 32));
+      for (int q = 0; q < W; q++) meta[mc_meta_torank_word(s) + q] = mc_meta_pack(round, nrec[q]);
+      for (int e = 0; e < s->num_experts && s->layout == MC_LAYOUT_EXPERT_SORTED; e++)
+        meta[mc_meta_toexpert_word(s) + e] = mc_meta_pack(round, npos[e]);
     }
     mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
                       MC_SIG_SET);
@@ -230,7 +232,7 @@ mc_route_entry_t *mc_cpu_route_next(mc_a2a_t *a2a, int src, const mc_record_head
 mc_result_t mc_cpu_take_records(mc_a2a_t *a2a, int src, uint32_t *n) {
   const mc_shape_t *s = &a2a->shape;
   uint64_t *total = (uint64_t *)mc_cpu_ws(a2a, mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * s->world_size + src;
-  *n = ((const uint32_t *)(mc_cpu_mine(a2a) + mc_disp_meta_off(s, src)))[0];
+  *n = mc_meta_get(s, mc_cpu_mine(a2a) + mc_disp_meta_off(s, 0), src, 0);
   mc_result_t rc = mc_cpu_wait_ge(a2a, "dispatch recv", MC_SIG_DISP_RECS, src, *total + *n, NULL);
   if (rc == MC_SUCCESS) *total += *n;
   return rc;
@@ -262,15 +264,16 @@ mc_result_t mc_cpu_dispatch_metas(mc_a2a_t *a2a, int32_t *count) {
     uint32_t run = 0;
     for (int src = 0; src < W; src++) {
       base[src * L + l] = run;
-      if (!a2a->masked[src]) run += mc_meta_of(s, win + mc_disp_meta_off(s, 0), src)[1 + l];
+      if (!a2a->masked[src]) run += mc_meta_get(s, win + mc_disp_meta_off(s, 0), src, 1 + l);
     }
     if (count) count[l] = (int32_t)run;
   }
   for (int src = 0; src < W && s->group_size > 1; src++) {
     const int first = src / s->group_size * s->group_size;
-    uint64_t d0, d1;
-    memcpy(&d0, (const uint32_t *)(win + mc_disp_meta_off(s, first)) + mc_meta_digest_word(s), sizeof d0);
-    memcpy(&d1, (const uint32_t *)(win + mc_disp_meta_off(s, src)) + mc_meta_digest_word(s), sizeof d1);
+    const unsigned char *meta0 = win + mc_disp_meta_off(s, 0);
+    const int dw = mc_meta_digest_word(s);
+    const uint64_t d0 = mc_meta_get(s, meta0, first, dw) | (uint64_t)mc_meta_get(s, meta0, first, dw + 1) << 32;
+    const uint64_t d1 = mc_meta_get(s, meta0, src, dw) | (uint64_t)mc_meta_get(s, meta0, src, dw + 1) << 32;
     if (d0 != d1) {
       a2a->aborted = 1;
       return mc_fail(a2a->err, MC_ERR_INVALID_USAGE,

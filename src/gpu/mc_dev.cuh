@@ -58,6 +58,19 @@ MC_DEV void mc_sig_set(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
 MC_DEV uint64_t mc_sig_load(const mc_kargs_t *a, const uint64_t *p) {
   return a->gpu_scope ? mc_ld_acquire_gpu_u64(p) : mc_ld_acquire_sys_u64(p);
 }
+/* A word that carries its round beside its value (a meta word,
+ * mc_layout.h): stored and polled relaxed, at the same scope as the
+ * signals; nothing else is ordered by it, so nothing waits for it. */
+MC_DEV void mc_word_store(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
+  if (a->gpu_scope) asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  else asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MC_DEV uint64_t mc_word_load(const mc_kargs_t *a, const uint64_t *p) {
+  uint64_t v;
+  if (a->gpu_scope) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  else asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 /* a fence (fence.sc) at the same scope: other warps' stores, seen through a
  * counter, ordered before a signal this thread sends */
 MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
@@ -69,10 +82,11 @@ MC_DEV void mc_fence_peers(const mc_kargs_t *a) {
  * with the attribute (mc_gpu_launch.cuh) is scheduled once every block of
  * the sending kernel before it has passed mc_pdl_launch_dependents, and
  * waits in mc_pdl_wait until that kernel has finished and its memory is
- * visible. Both receiving kernels wait at their end: they read nothing
- * their sender writes unsignalled (dispatch-recv learns the call's outcome
- * from MC_WS_OUTCOME), so they work while it runs, and later work on the
- * stream still comes after both. Without the attribute both are no-ops. */
+ * visible. Both receiving kernels wait at their end: what they read of
+ * their sender's work is signalled or carries its round (dispatch-recv
+ * learns the call's outcome from MC_WS_OUTCOME, and polls the metas' words,
+ * this rank's own among them), so they work while it runs, and later work
+ * on the stream still comes after both. Without the attribute both are no-ops. */
 MC_DEV void mc_pdl_launch_dependents(void) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -140,13 +154,25 @@ MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int pe
 
 MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int32_t *)&e->claimed != 0; }
 
-/* Wait until *sig >= target, for at most a->timeout_ns. Returns 0 when it
- * arrived, 1 when this or another thread failed (the caller exits). Each
- * poll acquires: a relaxed poll with one fence.acq_rel after it is slower. */
-MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer,
-                          int slot, uint64_t round) {
-  uint64_t v = mc_sig_load(a, sig);
-  if (v >= target) return 0;
+/* One poll of a wait: a signal (word 0), acquired, has reached target; a
+ * word that carries its round (word 1: a meta word, mc_layout.h), loaded
+ * relaxed, carries round target (its high half: the round modulo 2^32; no
+ * sender is a round ahead of its receiver, so equal is the test, and a
+ * word left from long before passes only at a multiple of 2^32 rounds).
+ * Each poll of a signal acquires: a relaxed poll with one fence.acq_rel
+ * after it is slower. */
+MC_DEV bool mc_dev_poll(const mc_kargs_t *a, const uint64_t *p, uint64_t target, int word, uint64_t *v) {
+  if (!word) return (*v = mc_sig_load(a, p)) >= target;
+  *v = mc_word_load(a, p);
+  return (uint32_t)(*v >> 32) == (uint32_t)target;
+}
+
+/* Wait until the poll above passes, for at most a->timeout_ns; *got: what
+ * the last poll read. Returns 0 when it passed, 1 when this or another
+ * thread failed (the caller exits). */
+MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int word, int phase, int peer,
+                       int slot, uint64_t round, uint64_t *got) {
+  if (mc_dev_poll(a, sig, target, word, got)) return 0;
   const uint64_t t0 = mc_globaltimer_ns(), deadline = t0 + a->timeout_ns;
   /* this rank's "waiting for" word (MC_SIG_WAITING, in its own window): set
    * by a wait that has lasted 1 ms (never by the quick ones, which would
@@ -157,8 +183,7 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
   bool marked = false;
   unsigned nap = 32;
   for (uint32_t it = 1;; it++) {
-    v = mc_sig_load(a, sig);
-    if (v >= target) {
+    if (mc_dev_poll(a, sig, target, word, got)) {
       if (marked) atomicCAS((unsigned long long *)waiting, mine, 0ull);
       return 0;
     }
@@ -175,11 +200,23 @@ MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t tar
         marked = true;
       }
       if (now > deadline) {
-        mc_dev_fail(a->err, MC_DEVERR_TIMEOUT, phase, a->rank, peer, slot, -1, -1, 0, target, v, round);
+        mc_dev_fail(a->err, MC_DEVERR_TIMEOUT, phase, a->rank, peer, slot, -1, -1, 0, target, word ? *got >> 32 : *got,
+                    round);
         return 1;
       }
     }
   }
+}
+/* Wait until *sig >= target. */
+MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer, int slot,
+                          uint64_t round) {
+  uint64_t v;
+  return mc_dev_wait(a, sig, target, 0, phase, peer, slot, round, &v);
+}
+/* Wait until word *p carries round; *got: the word. */
+MC_DEV int mc_dev_wait_word(const mc_kargs_t *a, const uint64_t *p, uint64_t round, int phase, int peer, int slot,
+                            uint64_t *got) {
+  return mc_dev_wait(a, p, round, 1, phase, peer, slot, round, got);
 }
 
 /* Copy one piece (bytes <= MC_SEG_BYTES, a multiple of 16, both ends

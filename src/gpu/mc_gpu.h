@@ -58,6 +58,7 @@ typedef struct mc_kargs {
   uint64_t timeout_ns;
   void *peers; /* transport-specific: p2p's table of peer window addresses */
   int direct;  /* 1: store into directly reachable peers; 0: always stage and put (tests: mc_testing.h) */
+  int staged;  /* 1: some peer is reached only by puts (its metas come signalled: mc_wait_meta_word) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
   int recv_pieces; /* dispatch-recv: payload pieces a warp copies per item (mc_gpu_kernels.cuh) */
   int quant;       /* 0: tokens are the payload; 1, 2: bf16 rows quantised to e4m3 with fp32 (1)

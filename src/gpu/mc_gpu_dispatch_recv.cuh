@@ -17,10 +17,19 @@ static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
 }
 
 /* What dispatch-recv waits for from rank src, written once (combine-recv's:
- * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded). */
-MC_DEV int mc_wait_meta(const mc_kargs_t &a, int src, uint64_t round) {
-  return mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META,
-                        round);
+ * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded). Word w of
+ * src's meta, *v its value: a meta stored directly carries the round in
+ * every word, polled there; one put is signalled (after its data), and
+ * its words are read once the signal has come. */
+MC_DEV int mc_wait_meta_word(const mc_kargs_t &a, int src, int w, uint64_t round, uint32_t *v) {
+  const uint64_t *p = (const uint64_t *)(a.win + mc_disp_meta_off(&a.s, src)) + w;
+  uint64_t got;
+  if (a.staged && !mc_t_peer_window(&a, src) &&
+      mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round))
+    return 1;
+  if (mc_dev_wait_word(&a, p, round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, &got)) return 1;
+  *v = (uint32_t)got;
+  return 0;
 }
 /* after src's meta: every piece of the records it announced there, from
  * what this block holds already (the running total before this round, the
@@ -32,56 +41,77 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round, const u
                         MC_PHASE_DRECV, src, MC_SIG_DISP_RECS, round);
 }
 
-/* Every block's first steps, in every layout: the running totals read,
- * every source's meta awaited, the group digests compared, then every
- * meta word loaded at once (a dependent load per source and expert is a
- * memory latency each) and the scans over sources made in shared memory:
+/* What every receiving kernel of dispatch loads first, before it knows
+ * the round or the call's outcome, so that these loads are in flight with
+ * those: thread tid's running total of source tid (read at the start: only
+ * the kernel's last block moves it on, once every block has read it) and
+ * the first meta word it polls (checked against the round once known). */
+typedef struct mc_drecv_pre {
+  uint64_t seen, word;
+} mc_drecv_pre_t;
+MC_DEV mc_drecv_pre_t mc_drecv_prefetch(const mc_kargs_t &a) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, MW = mc_meta_words(s), tid = threadIdx.x;
+  mc_drecv_pre_t p = {0, 0};
+  if (tid < W * MW)
+    p.word = mc_word_load(&a, (const uint64_t *)(a.win + mc_disp_meta_off(s, tid / MW)) + tid % MW);
+  if (tid < W) p.seen = ((const uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W)[tid];
+  return p;
+}
+
+/* Every block's first steps, in every layout: the running totals kept,
+ * every word of every source's meta awaited, a word a thread, its value
+ * kept where the scans read it (a poll is a memory latency: the first was
+ * issued at the kernel's start, and all are in flight together), the group
+ * digests compared, and the scans over sources made in shared memory:
  * base[src][l], where src's records to local expert l start among that
  * expert's; prefix[src], where src's records start among all of them.
  * Each local expert's records: into expert_count and the load statistics
- * (block 0), or with packed into ecount[] for the caller. 1 where the
- * round cannot go on (the failure is recorded). */
+ * (block 0), or with packed into ecount[] for the caller, which reads the
+ * other words it needs from the window (every word has arrived by then).
+ * 1 where the round cannot go on (the failure is recorded). */
 MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t round, const int packed,
-                          uint64_t *seen, uint32_t *base, uint32_t *prefix, uint32_t *ecount) {
+                          const mc_drecv_pre_t &pre, uint64_t *seen, uint32_t *base, uint32_t *prefix,
+                          uint32_t *ecount) {
   const mc_shape_t *s = &a.s;
-  const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
-  __shared__ int abort_;
-  if (tid == 0) abort_ = 0;
-  /* the running totals, which only this kernel's last block moves on (once
-   * every block has read them), loaded while the metas are awaited */
+  const int W = s->world_size, L = mc_num_local_experts(s), MW = mc_meta_words(s), tid = threadIdx.x;
   const uint64_t *seen_g = (const uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
-  for (int src = tid; src < W; src += blockDim.x) seen[src] = seen_g[src];
-  __syncthreads();
-  for (int src = tid; src < W; src += blockDim.x)
-    if (!mc_masked(masking, &a, src) && mc_wait_meta(a, src, round)) abort_ = 1;
-  __syncthreads();
-  if (abort_) return 1;
+  for (int src = tid; src < W; src += blockDim.x) seen[src] = src == tid ? pre.seen : seen_g[src];
+  int fail = 0;
+  for (int i = tid; i < W * MW; i += blockDim.x) {
+    const int src = i / MW, w = i % MW;
+    uint32_t v = 0;
+    if (!mc_masked(masking, &a, src)) {
+      /* the word loaded at the start, where it carries the round and came
+       * by a store (a put's words count only after its signal) */
+      if (i == tid && (uint32_t)(pre.word >> 32) == (uint32_t)round && !(a.staged && !mc_t_peer_window(&a, src)))
+        v = (uint32_t)pre.word;
+      else if (mc_wait_meta_word(a, src, w, round, &v))
+        fail = 1;
+    }
+    if (w == 0) prefix[src + 1] = v;
+    else if (w <= L) base[src * L + w - 1] = v;
+  }
+  if (__syncthreads_or(fail)) return 1;
   /* the ranks of a group passed the same m, indices and weights: their
    * digests agree (mc_gpu_prep.cuh), or the round cannot finish (groups of
    * one rank have no digest: nothing to compare, no barrier to pay) */
   if (s->group_size > 1) {
+    const unsigned char *meta0 = a.win + mc_disp_meta_off(s, 0);
+    const int dw = mc_meta_digest_word(s);
     for (int src = tid; src < W; src += blockDim.x) {
-      const int first = src / s->group_size * s->group_size, dw = mc_meta_digest_word(s);
-      const uint32_t *m0 = (const uint32_t *)(a.win + mc_disp_meta_off(s, first));
-      const uint32_t *m1 = (const uint32_t *)(a.win + mc_disp_meta_off(s, src));
-      if (src != first && (m0[dw] != m1[dw] || m0[dw + 1] != m1[dw + 1])) {
-        abort_ = 1;
+      const int first = src / s->group_size * s->group_size;
+      if (src != first && (mc_meta_get(s, meta0, first, dw) != mc_meta_get(s, meta0, src, dw) ||
+                           mc_meta_get(s, meta0, first, dw + 1) != mc_meta_get(s, meta0, src, dw + 1))) {
+        fail = 1;
         if (blockIdx.x == 0)
           mc_dev_fail(a.err, MC_DEVERR_GROUP_DIFFERS, MC_PHASE_DRECV, a.rank, src, first, -1, -1,
                       src / s->group_size, 0, 0, round);
       }
     }
-    __syncthreads();
-    if (abort_) return 1;
+    if (__syncthreads_or(fail)) return 1;
   }
   mc_trace_point(&a, MC_TK_DRECV, 0);
-  for (int i = tid; i < W * (L + 1); i += blockDim.x) {
-    const int src = i / (L + 1), w = i % (L + 1);
-    const uint32_t v = mc_masked(masking, &a, src) ? 0u : ((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[w];
-    if (w) base[src * L + w - 1] = v;
-    else prefix[src + 1] = v;
-  }
-  __syncthreads();
   uint64_t *load = (uint64_t *)(a.ws + mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
   for (int l = tid; l < L; l += blockDim.x) {
     uint32_t run = 0;
@@ -91,9 +121,9 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
       run += n;
     }
     if (packed) ecount[l] = run;
-    else if (blockIdx.x == 0) {
+    else if (blockIdx.x == 0) { /* stores and a reduction: nothing here waits for memory */
       a.expert_count[l] = (int32_t)run;
-      load[l] += run;
+      atomicAdd((unsigned long long *)&load[l], (unsigned long long)run);
     }
   }
   if (tid == 0) {
@@ -114,7 +144,8 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
  * into every slot of this rank's experts; the warp of the first piece
  * writes the record's route entry for combine. The last block to finish
  * moves the running totals on. */
-MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call) {
+MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call,
+                                   const mc_drecv_pre_t &pre) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
@@ -124,7 +155,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
   mc_trace_start(&a, MC_TK_DRECV);
-  if (mc_drecv_metas(a, masking, round, 0, seen, base, prefix, NULL)) return;
+  if (mc_drecv_metas(a, masking, round, 0, pre, seen, base, prefix, NULL)) return;
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
@@ -249,8 +280,9 @@ MC_DEV int mc_drecv_accepted(const mc_kargs_t &a, const uint64_t round, const ui
   return 0;
 }
 MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
+  const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
-  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_body(a, masking, round, call);
+  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_body(a, masking, round, call, pre);
   mc_pdl_wait();
 }
 

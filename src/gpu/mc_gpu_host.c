@@ -293,6 +293,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
   ka->timeout_ns = (uint64_t)a2a->comm->timeout_ms * 1000000ull;
   ka->peers = g->peers;
   ka->direct = g->direct;
+  ka->staged = g->staged;
   ka->gpu_scope = g->gpu_scope;
   /* a warp per payload piece where this rank has its GPU alone (latency:
    * more warps in flight); where ranks share it, a warp per record (the

@@ -16,7 +16,11 @@
  * Where a peer is directly reachable the kernels store into its window and,
  * once per block, add what they stored to its signal with a release RMW (no
  * staging copy); elsewhere they stage and put (never on p2p, where every
- * peer is mapped). Waits use mc_dev_wait_ge on this rank's own window. The
+ * peer is mapped). A meta stored directly needs no signal: each of its
+ * words carries the round (mc_layout.h). Both ends of a pair must agree on
+ * which way it goes, as mc_t_peer_window does (nvshmem_ptr is symmetric,
+ * and the test switch that stages everything is set on every rank). Waits
+ * use mc_dev_wait_ge and mc_dev_wait_word on this rank's own window. The
  * protocol is the cpu transport's, step for step (docs/protocol.md says it
  * in prose); the layout is src/core/mc_layout.h.
  * The copies are cut in pieces of MC_SEG_BYTES, a warp each, so that a
@@ -36,8 +40,10 @@
  * sends records of round i+1 only after its combine-recv(i) saw every
  * rank's COMB_BAR(i), set once that rank's dispatch-recv(i) had read them,
  * and rows of round i+1 reach r only after r's meta(i+1), sent once r's
- * combine-recv(i) had read its rows. Signals are running totals or carry
- * the round, so none is reset. The round number lives in device memory
+ * combine-recv(i) had read its rows (a meta goes without a release: that
+ * holds because dispatch-send is never launched early, so r's reads ended
+ * with combine-recv's kernel). Signals are running totals or carry the
+ * round, as meta words do, so none is reset. The round number lives in device memory
  * (mc_ws_round_off), so a captured CUDA graph replays correctly. The whole
  * argument, staging and stream order included: docs/protocol.md, "Why
  * buffers can be reused without a reset".
@@ -234,18 +240,20 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const 
   int begin, end;
   mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
   mc_dispatch_send_pieces(a, s->topk, quant, mc_tab_global(a), begin, end, 1, 0, gridDim.x, sent);
-  /* metas to every rank (zero records included), one warp per rank, from the end of the grid */
+  /* metas to every rank (zero records included), one warp per rank, from
+   * the end of the grid: word by word where stored directly (each word
+   * carries the round: no signal), else put and signalled */
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   for (int d = nw - 1 - gw; d < W; d += nw) {
     if (mc_masked(masking, &a, d)) continue;
     unsigned char *peer = mc_t_peer_window(&a, d);
+    const uint64_t *meta = (const uint64_t *)(a.win + mc_meta_send_off(s, d));
     if (peer) {
-      mc_warp_copy16(peer + mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s), lane);
-      __syncwarp();
-      if (lane == 0) mc_sig_set(&a, (uint64_t *)(peer + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
+      for (int w = lane; w < mc_meta_words(s); w += 32)
+        mc_word_store(&a, (uint64_t *)(peer + mc_disp_meta_off(s, a.rank)) + w, meta[w]);
     } else {
-      mc_t_put_signal_warp(&a, mc_disp_meta_off(s, a.rank), a.win + mc_meta_send_off(s, d), mc_meta_bytes(s),
-                           MC_SIG_DISP_META, round, MC_SIG_SET, d);
+      mc_t_put_signal_warp(&a, mc_disp_meta_off(s, a.rank), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
+                           MC_SIG_SET, d);
     }
   }
   mc_block_signal_counts(a, sent, MC_SIG_DISP_RECS);

@@ -88,7 +88,9 @@ static int dsend_one(const mc_gpu_t *g, const mc_shape_t *s, int m, int masked) 
 }
 /* dispatch-send's sending kernel: the one-launch kernel on the blocks the
  * most tokens a call may pass need (mc_one_blocks; a call given fewer
- * through bound_m leaves the rest at once), or the chunked path's send kernel */
+ * through bound_m leaves the rest at once), or the chunked path's send kernel.
+ * Never launched early: its metas, stored without a release, must follow the
+ * end of the combine-recv before it (mc_gpu_kernels.cuh). */
 static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int quant, int masked) {
   if (dsend_one(g, s, m, masked)) return mc_launch_t{mc_one_blocks(s, m, quant, g->grid), MC_THREADS, mc_one_smem_bytes(s), 0};
   return mc_launch_t{g->grid, MC_THREADS, mc_send_smem_bytes(s), 0};

@@ -81,7 +81,7 @@ MC_DEV int mc_packed_plan(const mc_kargs_t &a, const int masking, const mc_packe
     for (int i = tid; i < W * W; i += blockDim.x) {
       const int q = i / W, src = i % W;
       if (!(skip && (skip[q] || skip[src])))
-        atomicAdd((unsigned long long *)&m.rows[q], mc_meta_of(s, meta0, src)[mc_meta_torank_word(s) + q]);
+        atomicAdd((unsigned long long *)&m.rows[q], mc_meta_get(s, meta0, src, mc_meta_torank_word(s) + q));
     }
   } else {
     for (int i = tid; i < W * L; i += blockDim.x) {
@@ -89,7 +89,7 @@ MC_DEV int mc_packed_plan(const mc_kargs_t &a, const int masking, const mc_packe
       if (skip && skip[q]) continue;
       uint64_t n = 0;
       for (int src = 0; src < W; src++)
-        if (!(skip && skip[src])) n += mc_meta_of(s, meta0, src)[mc_meta_toexpert_word(s) + q * L + l];
+        if (!(skip && skip[src])) n += mc_meta_get(s, meta0, src, mc_meta_toexpert_word(s) + q * L + l);
       atomicAdd((unsigned long long *)&m.rows[q], mc_align_up(n, (uint64_t)s->expert_align));
     }
   }
@@ -161,7 +161,7 @@ MC_DEV void mc_packed_drop(const mc_kargs_t &a, const int masking, const mc_pack
  * the first piece writes the row's experts and weights and the route
  * entry. ---- */
 MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking, const uint64_t round,
-                                         const uint64_t call) {
+                                         const uint64_t call, const mc_drecv_pre_t &pre) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), sorted = s->layout == MC_LAYOUT_EXPERT_SORTED;
@@ -170,7 +170,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
   mc_trace_start(&a, MC_TK_DRECV);
-  if (mc_drecv_metas(a, masking, round, 1, m.seen, m.base, m.prefix, m.ecount)) return;
+  if (mc_drecv_metas(a, masking, round, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
   const int total = (int)m.prefix[W];
@@ -189,7 +189,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
         if (sorted) { /* its pairs: its records to each local expert, from its meta */
           n = 0;
           for (int l = 0; !mc_masked(masking, &a, src) && l < L; l++)
-            n += (int32_t)((const uint32_t *)(a.win + mc_disp_meta_off(s, src)))[1 + l];
+            n += (int32_t)mc_meta_get(s, a.win + mc_disp_meta_off(s, 0), src, 1 + l);
         }
         a.src_count[src] = n;
       }
@@ -297,8 +297,9 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
 }
 
 MC_DEV void mc_dispatch_recv_packed_kernel(const mc_kargs_t &a, const int masking) {
+  const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
-  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_packed_body(a, masking, round, call);
+  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_packed_body(a, masking, round, call, pre);
   mc_pdl_wait();
 }
 
@@ -317,6 +318,7 @@ MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const int L = mc_num_local_experts(s), tid = threadIdx.x;
   const int masking = a.mask != NULL;
+  const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
   __shared__ int accepted;
   if (tid == 0) { /* the call's outcome, as dispatch-recv waits for it (a refusal is counted there, not here) */
@@ -329,7 +331,7 @@ MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   if (!accepted) return; /* refused, or a timeout: recorded, the host reports it */
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
-  if (mc_drecv_metas(a, masking, round, 1, m.seen, m.base, m.prefix, m.ecount)) return;
+  if (mc_drecv_metas(a, masking, round, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
   if (over >= 0) {

@@ -163,14 +163,15 @@ MC_DEV void mc_prep_publish(const mc_kargs_t &a, const uint32_t *count, const ui
   }
 }
 
-/* Meta of destination dst, word l: records to it, then per its local expert. */
-MC_DEV uint32_t mc_meta_word(const mc_shape_t *s, const uint32_t *count, int dst, int l) {
-  return l == 0 ? count[s->num_experts + dst] : count[dst * mc_num_local_experts(s) + l - 1];
-}
-/* The packed layouts' words of every meta, from mc_meta_limit_word on
- * (mc_layout.h): the declared capacity (two words), this rank's records to
- * every rank and, sorted, to every expert. */
-MC_DEV uint32_t mc_meta_word_packed(const mc_shape_t *s, const uint32_t *count, int l, uint64_t limit) {
+/* Word l of the meta to destination dst (mc_layout.h): its records, its
+ * local experts' counts, the group's digest, and with the packed layouts
+ * the declared capacity, the records to every rank and to every expert. */
+MC_DEV uint32_t mc_meta_value(const mc_shape_t *s, const uint32_t *count, int dst, int l, uint64_t digest,
+                              uint64_t limit) {
+  const int L = mc_num_local_experts(s);
+  if (l == 0) return count[s->num_experts + dst];
+  if (l <= L) return count[dst * L + l - 1];
+  if (l < mc_meta_limit_word(s)) return (uint32_t)(digest >> (32 * (l - mc_meta_digest_word(s))));
   if (l < mc_meta_torank_word(s)) return (uint32_t)(limit >> (32 * (l - mc_meta_limit_word(s))));
   if (l < mc_meta_toexpert_word(s)) return count[s->num_experts + l - mc_meta_torank_word(s)];
   return count[l - mc_meta_toexpert_word(s)];
@@ -375,39 +376,26 @@ MC_DEV void mc_prep_refuse(const mc_kargs_t &a, const bool one) {
 }
 
 /* The accepted round, from one block: the state later kernels read, the
- * metas (into staging, or one launch: into the peers' windows, signalled).
- * One launch: the call's outcome and the metas first, then their signals,
- * then what only later kernels read (the receivers wait for the signals). */
+ * metas (into staging, or one launch: into the peers' windows, each word
+ * carrying the round, so no signal and no release follow them: the
+ * receivers poll the words). One launch: the call's outcome and the metas
+ * first, then what only later kernels read. */
 MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, const bool one, const uint32_t *count,
                            const uint32_t *rexp, const int m_eff, const mc_route_tab_t &tab, const uint64_t round,
                            const uint64_t digest) {
   const mc_shape_t *s = &a.s;
-  const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
+  const int W = s->world_size, tid = threadIdx.x;
   if (!one) mc_prep_publish(a, count, rexp, m_eff);
   if (tid == 0) mc_prep_outcome(a, one, 0);
-  const int nw = L + 1 + (s->group_size > 1 ? 2 : 0); /* words: records, per expert, the digest (2, groups only) */
-  for (int i = tid; i < W * nw; i += blockDim.x) {
-    const int dst = i / nw, l = i % nw;
+  const int MW = mc_meta_words(s);
+  for (int i = tid; i < W * MW; i += blockDim.x) {
+    const int dst = i / MW, l = i % MW;
     if (mc_masked(masking, &a, dst)) continue;
-    uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
-                         : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
-    meta[l] = l <= L ? mc_meta_word(s, count, dst, l) : (uint32_t)(l == L + 1 ? digest : digest >> 32);
-  }
-  if (mc_packed_layout(s)) {
-    const int w0 = mc_meta_limit_word(s), np = (int)(mc_meta_bytes(s) / sizeof(uint32_t)) - w0;
-    for (int i = tid; i < W * np; i += blockDim.x) {
-      const int dst = i / np, l = w0 + i % np;
-      if (mc_masked(masking, &a, dst)) continue;
-      uint32_t *meta = one ? (uint32_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank))
-                           : (uint32_t *)(a.win + mc_meta_send_off(s, dst));
-      meta[l] = mc_meta_word_packed(s, count, l, (uint64_t)a.limit);
-    }
+    const uint64_t w = mc_meta_pack(round, mc_meta_value(s, count, dst, l, digest, (uint64_t)a.limit));
+    if (one) mc_word_store(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank)) + l, w);
+    else ((uint64_t *)(a.win + mc_meta_send_off(s, dst)))[l] = w;
   }
   if (one) {
-    __syncthreads(); /* every thread's meta stores before the signals (release is cumulative) */
-    for (int dst = tid; dst < W; dst += blockDim.x)
-      if (!mc_masked(masking, &a, dst))
-        mc_sig_set(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_sig_off(s, MC_SIG_DISP_META, a.rank)), round);
     mc_prep_publish(a, count, rexp, m_eff);
     /* later kernels (combine) read the routes from the workspace */
     uint16_t *gd = (uint16_t *)(a.ws + mc_ws_dests_off(s)), *gn = (uint16_t *)(a.ws + mc_ws_ndests_off(s));
@@ -422,8 +410,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
  * workspace, headers to staging, the last block publishes and leaves the
  * metas in staging for the send kernel. mode MC_PREP_ONE: every block
  * scans every token (one chunk); tables to this block's shared memory
- * (the headers are the send step's); block 0 publishes,
- * stores the metas into the peers' windows and signals them. Returns
+ * (the headers are the send step's); block 0 publishes and
+ * stores the metas into the peers' windows. Returns
  * m_eff, or -1 where the round is refused (bad input: nothing sent; the
  * failure is recorded and MC_WS_BAD set) or this block has nothing more
  * to do (chunked, not the last block). round: the round being prepared;

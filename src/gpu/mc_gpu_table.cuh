@@ -18,20 +18,25 @@
 #ifndef MC_GPU_TABLE_CUH
 #define MC_GPU_TABLE_CUH
 
+#include "mc_gpu_combine.cuh"
+#include "mc_gpu_dispatch_recv.cuh"
 #include "mc_gpu_host.h"
 #include "mc_gpu_kernels.cuh"
-#include "mc_gpu_dispatch_recv.cuh"
 #include "mc_gpu_packed.cuh"
-#include "mc_gpu_combine.cuh"
 
 #define MC_LB_WIDE __launch_bounds__(MC_THREADS)
+/* one block an SM, said outright: left to itself ptxas holds dispatch-recv
+ * to 64 registers (two blocks an SM, which its grid never uses) and spills
+ * in the copy loop */
+#define MC_LB_DRECV __launch_bounds__(MC_THREADS, 1)
 #define MC_LB_PREP __launch_bounds__(MC_PREP_THREADS)
 #define MC_LB_CSEND __launch_bounds__(MC_CSEND_THREADS, 2)
 #define MC_LB_NONE
 
 #define MC_GPU_KERNELS(X)                                                                                              \
   /* chunked dispatch-send: a prep block per chunk, each chunk's bases added, payloads staged, pieces sent */          \
-  X(mc_k_dispatch_prep, MC_LB_PREP, MC_KR_PREP, 0, -1, 0, mc_dispatch_prep(a, 0, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1)) \
+  X(mc_k_dispatch_prep, MC_LB_PREP, MC_KR_PREP, 0, -1, 0,                                                              \
+    mc_dispatch_prep(a, 0, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1))                                                      \
   X(mc_k_dispatch_prep_masked, MC_LB_PREP, MC_KR_PREP, 1, -1, 0,                                                       \
     mc_dispatch_prep(a, 1, MC_PREP_CHUNKS, *mc_ws_round(&a) + 1))                                                      \
   X(mc_k_dispatch_prep_fix, MC_LB_PREP, MC_KR_ONLY, 0, -1, 0, mc_dispatch_prep_fix(a))                                 \
@@ -49,8 +54,8 @@
   X(mc_k_dispatch_send_one_q8, MC_LB_WIDE, MC_KR_SEND_ONE, 0, 1, 8, mc_dispatch_send_one_body(a, 8, 1))                \
   X(mc_k_dispatch_send_one_qn, MC_LB_WIDE, MC_KR_SEND_ONE, 0, 1, 0, mc_dispatch_send_one_body(a, a.s.topk, 1))         \
   /* dispatch-recv: batched, packed layouts; a refused call's skipped one; a reported drop's mark cleared */           \
-  X(mc_k_dispatch_recv, MC_LB_WIDE, MC_KR_DRECV, 0, -1, 0, mc_dispatch_recv_kernel(a, 0))                              \
-  X(mc_k_dispatch_recv_masked, MC_LB_WIDE, MC_KR_DRECV, 1, -1, 0, mc_dispatch_recv_kernel(a, 1))                       \
+  X(mc_k_dispatch_recv, MC_LB_DRECV, MC_KR_DRECV, 0, -1, 0, mc_dispatch_recv_kernel(a, 0))                             \
+  X(mc_k_dispatch_recv_masked, MC_LB_DRECV, MC_KR_DRECV, 1, -1, 0, mc_dispatch_recv_kernel(a, 1))                      \
   X(mc_k_dispatch_recv_packed, MC_LB_WIDE, MC_KR_DRECV_PACKED, 0, -1, 0, mc_dispatch_recv_packed_kernel(a, 0))         \
   X(mc_k_dispatch_recv_packed_masked, MC_LB_WIDE, MC_KR_DRECV_PACKED, 1, -1, 0, mc_dispatch_recv_packed_kernel(a, 1))  \
   X(mc_k_dispatch_counts, MC_LB_WIDE, MC_KR_ONLY, 0, -1, 0, mc_counts_kernel(a))                                       \
@@ -61,7 +66,7 @@
   X(mc_k_combine_send_masked, MC_LB_CSEND, MC_KR_CSEND, 1, -1, 0, mc_combine_send_kernel(a, 1))                        \
   X(mc_k_combine_recv, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, mc_combine_recv_kernel(a, 0))                                \
   X(mc_k_combine_recv_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, mc_combine_recv_kernel(a, 1))                         \
-  /* the launch floor's empty pair (mc_a2a_bench_floor), the barrier, the mask's agreement */                         \
+  /* the launch floor's empty pair (mc_a2a_bench_floor), the barrier, the mask's agreement */                          \
   X(mc_k_floor_send, MC_LB_NONE, MC_KR_ONLY, 0, -1, 0, mc_pdl_launch_dependents())                                     \
   X(mc_k_floor_recv, MC_LB_NONE, MC_KR_ONLY, 0, -1, 0, mc_pdl_wait())                                                  \
   X(mc_k_barrier, MC_LB_WIDE, MC_KR_ONLY, 0, -1, 0, mc_barrier_kernel(a))                                              \
