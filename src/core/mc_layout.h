@@ -177,6 +177,19 @@ MC_HD int mc_meta_words(const mc_shape_t *s) {
          : s->layout == 1 ? mc_meta_toexpert_word(s)
                           : 3 + mc_num_local_experts(s);
 }
+/* Word w of the meta to rank dst: from the sender's records to every rank
+ * (to_rank[W]) and to every expert (to_expert[E], dst's local experts
+ * contiguous), its group's digest and its declared capacity. */
+MC_HD uint32_t mc_meta_value(const mc_shape_t *s, const uint32_t *to_rank, const uint32_t *to_expert, int dst, int w,
+                             uint64_t digest, uint64_t limit) {
+  const int L = mc_num_local_experts(s);
+  if (w == 0) return to_rank[dst];
+  if (w <= L) return to_expert[dst * L + w - 1];
+  if (w < mc_meta_limit_word(s)) return (uint32_t)(digest >> (32 * (w - mc_meta_digest_word(s))));
+  if (w < mc_meta_torank_word(s)) return (uint32_t)(limit >> (32 * (w - mc_meta_limit_word(s))));
+  if (w < mc_meta_toexpert_word(s)) return to_rank[w - mc_meta_torank_word(s)];
+  return to_expert[w - mc_meta_toexpert_word(s)];
+}
 MC_HD uint64_t mc_meta_bytes(const mc_shape_t *s) {
   return mc_align_up((uint64_t)mc_meta_words(s) * sizeof(uint64_t), MC_ALIGN);
 }

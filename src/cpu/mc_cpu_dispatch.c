@@ -151,18 +151,8 @@ mc_result_t mc_cpu_dispatch_send(mc_a2a_t *a2a, const mc_dispatch_args_t *args) 
   for (int d = 0; d < W; d++) {
     if (a2a->masked[d]) continue;
     uint64_t *meta = (uint64_t *)(win + mc_meta_send_off(s, d));
-    for (int w = 0; w < mc_meta_words(s); w++) meta[w] = mc_meta_pack(round, 0);
-    meta[0] = mc_meta_pack(round, nrec[d]);
-    for (int l = 0; l < L; l++) meta[1 + l] = mc_meta_pack(round, npos[(int64_t)d * L + l]);
-    meta[mc_meta_digest_word(s)] = mc_meta_pack(round, (uint32_t)digest);
-    meta[mc_meta_digest_word(s) + 1] = mc_meta_pack(round, (uint32_t)(digest >> 32));
-    if (mc_packed_layout(s)) { /* the words every rank's verdict reads (mc_packed_rows) */
-      meta[mc_meta_limit_word(s)] = mc_meta_pack(round, (uint32_t)limit);
-      meta[mc_meta_limit_word(s) + 1] = mc_meta_pack(round, (uint32_t)(limit >> 32));
-      for (int q = 0; q < W; q++) meta[mc_meta_torank_word(s) + q] = mc_meta_pack(round, nrec[q]);
-      for (int e = 0; e < s->num_experts && s->layout == MC_LAYOUT_EXPERT_SORTED; e++)
-        meta[mc_meta_toexpert_word(s) + e] = mc_meta_pack(round, npos[e]);
-    }
+    for (int w = 0; w < mc_meta_words(s); w++) /* with the packed layouts, the words mc_packed_rows reads too */
+      meta[w] = mc_meta_pack(round, mc_meta_value(s, nrec, npos, d, w, digest, limit));
     mc_cpu_put_signal(a2a, d, mc_disp_meta_off(s, me), meta, mc_meta_bytes(s), MC_SIG_DISP_META, round,
                       MC_SIG_SET);
     a2a->stats.dispatch_records_sent += nrec[d];

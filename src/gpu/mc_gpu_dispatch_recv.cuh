@@ -21,10 +21,11 @@ static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
  * src's meta, *v its value: a meta stored directly carries the round in
  * every word, polled there; one put is signalled (after its data), and
  * its words are read once the signal has come. */
+MC_DEV bool mc_meta_put(const mc_kargs_t &a, int src) { return a.staged && !mc_t_peer_window(&a, src); }
 MC_DEV int mc_wait_meta_word(const mc_kargs_t &a, int src, int w, uint64_t round, uint32_t *v) {
   const uint64_t *p = (const uint64_t *)(a.win + mc_disp_meta_off(&a.s, src)) + w;
   uint64_t got;
-  if (a.staged && !mc_t_peer_window(&a, src) &&
+  if (mc_meta_put(a, src) &&
       mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round))
     return 1;
   if (mc_dev_wait_word(&a, p, round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, &got)) return 1;
@@ -84,7 +85,7 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
     if (!mc_masked(masking, &a, src)) {
       /* the word loaded at the start, where it carries the round and came
        * by a store (a put's words count only after its signal) */
-      if (i == tid && (uint32_t)(pre.word >> 32) == (uint32_t)round && !(a.staged && !mc_t_peer_window(&a, src)))
+      if (i == tid && (uint32_t)(pre.word >> 32) == (uint32_t)round && !mc_meta_put(a, src))
         v = (uint32_t)pre.word;
       else if (mc_wait_meta_word(a, src, w, round, &v))
         fail = 1;

@@ -163,20 +163,6 @@ MC_DEV void mc_prep_publish(const mc_kargs_t &a, const uint32_t *count, const ui
   }
 }
 
-/* Word l of the meta to destination dst (mc_layout.h): its records, its
- * local experts' counts, the group's digest, and with the packed layouts
- * the declared capacity, the records to every rank and to every expert. */
-MC_DEV uint32_t mc_meta_value(const mc_shape_t *s, const uint32_t *count, int dst, int l, uint64_t digest,
-                              uint64_t limit) {
-  const int L = mc_num_local_experts(s);
-  if (l == 0) return count[s->num_experts + dst];
-  if (l <= L) return count[dst * L + l - 1];
-  if (l < mc_meta_limit_word(s)) return (uint32_t)(digest >> (32 * (l - mc_meta_digest_word(s))));
-  if (l < mc_meta_torank_word(s)) return (uint32_t)(limit >> (32 * (l - mc_meta_limit_word(s))));
-  if (l < mc_meta_toexpert_word(s)) return count[s->num_experts + l - mc_meta_torank_word(s)];
-  return count[l - mc_meta_toexpert_word(s)];
-}
-
 /* One token's routing, held by its lane. Per k, in registers (loops
  * unrolled to MC_MAX_TOPK, guarded by K: no dynamically indexed arrays,
  * which would live in local memory and make every step a dependent load):
@@ -391,7 +377,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
   for (int i = tid; i < W * MW; i += blockDim.x) {
     const int dst = i / MW, l = i % MW;
     if (mc_masked(masking, &a, dst)) continue;
-    const uint64_t w = mc_meta_pack(round, mc_meta_value(s, count, dst, l, digest, (uint64_t)a.limit));
+    const uint64_t w =
+        mc_meta_pack(round, mc_meta_value(s, count + s->num_experts, count, dst, l, digest, (uint64_t)a.limit));
     if (one) mc_word_store(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank)) + l, w);
     else ((uint64_t *)(a.win + mc_meta_send_off(s, dst)))[l] = w;
   }
