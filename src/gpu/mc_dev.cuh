@@ -169,9 +169,15 @@ MC_DEV bool mc_dev_poll(const mc_kargs_t *a, const uint64_t *p, uint64_t target,
 
 /* Wait until the poll above passes, for at most a->timeout_ns; *got: what
  * the last poll read. Returns 0 when it passed, 1 when this or another
- * thread failed (the caller exits). */
+ * thread failed (the caller exits), 2 when *quit (shared memory, where not
+ * NULL) was set by another thread of the block: what it waited for will
+ * not come, and that is no failure (a refused call's metas). own: the
+ * word is written by this rank's kernel before, which waits for nobody
+ * before it (the call's outcome): it comes whatever failed elsewhere, and
+ * a failure recorded meanwhile (a refusal is recorded before its outcome
+ * is written) does not end the wait. */
 MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int word, int phase, int peer,
-                       int slot, uint64_t round, uint64_t *got) {
+                       int slot, uint64_t round, uint64_t *got, const volatile int *quit, bool own) {
   if (mc_dev_poll(a, sig, target, word, got)) return 0;
   const uint64_t t0 = mc_globaltimer_ns(), deadline = t0 + a->timeout_ns;
   /* this rank's "waiting for" word (MC_SIG_WAITING, in its own window): set
@@ -193,7 +199,8 @@ MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target
     __nanosleep(nap);
     if (nap < (unsigned)a->nap_max) nap *= 2;
     if ((it & 15u) == 0) {
-      if (mc_dev_failed(a->err)) return 1;
+      if (quit && *quit) return 2;
+      if (!own && mc_dev_failed(a->err)) return 1;
       const uint64_t now = mc_globaltimer_ns();
       if (now > t0 + 1000000u) { /* lasting: say whom this rank waits for (again: another wait may have cleared it) */
         *(volatile uint64_t *)waiting = mine;
@@ -211,12 +218,7 @@ MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target
 MC_DEV int mc_dev_wait_ge(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int phase, int peer, int slot,
                           uint64_t round) {
   uint64_t v;
-  return mc_dev_wait(a, sig, target, 0, phase, peer, slot, round, &v);
-}
-/* Wait until word *p carries round; *got: the word. */
-MC_DEV int mc_dev_wait_word(const mc_kargs_t *a, const uint64_t *p, uint64_t round, int phase, int peer, int slot,
-                            uint64_t *got) {
-  return mc_dev_wait(a, p, round, 1, phase, peer, slot, round, got);
+  return mc_dev_wait(a, sig, target, 0, phase, peer, slot, round, &v, NULL, false);
 }
 
 /* Copy one piece (bytes <= MC_SEG_BYTES, a multiple of 16, both ends

@@ -17,18 +17,21 @@ static inline size_t mc_drecv_smem_bytes(const mc_shape_t *s) {
 }
 
 /* What dispatch-recv waits for from rank src, written once (combine-recv's:
- * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded). Word w of
- * src's meta, *v its value: a meta stored directly carries the round in
- * every word, polled there; one put is signalled (after its data), and
- * its words are read once the signal has come. */
+ * mc_gpu_combine.cuh). Each returns 1 on a failure (recorded), and the
+ * meta's 2 where *quit is set (mc_dev_wait). Word w of src's meta, *v its
+ * value: a meta stored directly carries the round in every word, polled
+ * there; one put is signalled (after its data), and its words are read
+ * once the signal has come. */
 MC_DEV bool mc_meta_put(const mc_kargs_t &a, int src) { return a.staged && !mc_t_peer_window(&a, src); }
-MC_DEV int mc_wait_meta_word(const mc_kargs_t &a, int src, int w, uint64_t round, uint32_t *v) {
+MC_DEV int mc_wait_meta_word(const mc_kargs_t &a, int src, int w, uint64_t round, uint32_t *v,
+                             const volatile int *quit) {
   const uint64_t *p = (const uint64_t *)(a.win + mc_disp_meta_off(&a.s, src)) + w;
   uint64_t got;
-  if (mc_meta_put(a, src) &&
-      mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round))
-    return 1;
-  if (mc_dev_wait_word(&a, p, round, MC_PHASE_DRECV, src, MC_SIG_DISP_META, &got)) return 1;
+  int r;
+  if (mc_meta_put(a, src) && (r = mc_dev_wait(&a, mc_sig_local(&a, MC_SIG_DISP_META, src), round, 0, MC_PHASE_DRECV,
+                                              src, MC_SIG_DISP_META, round, &got, quit, false)))
+    return r;
+  if ((r = mc_dev_wait(&a, p, round, 1, MC_PHASE_DRECV, src, MC_SIG_DISP_META, round, &got, quit, false))) return r;
   *v = (uint32_t)got;
   return 0;
 }
@@ -60,40 +63,64 @@ MC_DEV mc_drecv_pre_t mc_drecv_prefetch(const mc_kargs_t &a) {
   return p;
 }
 
-/* Every block's first steps, in every layout: the running totals kept,
- * every word of every source's meta awaited, a word a thread, its value
- * kept where the scans read it (a poll is a memory latency: the first was
- * issued at the kernel's start, and all are in flight together), the group
- * digests compared, and the scans over sources made in shared memory:
+/* Every block's first steps, in every layout: the call's outcome and
+ * every word of every source's meta awaited together (thread 0 waits for
+ * the outcome, which dispatch-send writes before its metas, then for its
+ * words; the other threads poll theirs meanwhile, a word a thread, and
+ * stop where the outcome says refused: this rank's own meta will not
+ * come), the running totals kept, each word's value kept where the scans
+ * read it (a poll is a memory latency: the first was issued at the
+ * kernel's start, and all are in flight together), the group digests
+ * compared, and the scans over sources made in shared memory:
  * base[src][l], where src's records to local expert l start among that
  * expert's; prefix[src], where src's records start among all of them.
  * Each local expert's records: into expert_count and the load statistics
  * (block 0), or with packed into ecount[] for the caller, which reads the
  * other words it needs from the window (every word has arrived by then).
- * 1 where the round cannot go on (the failure is recorded). */
-MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t round, const int packed,
-                          const mc_drecv_pre_t &pre, uint64_t *seen, uint32_t *base, uint32_t *prefix,
+ * Nothing is written outside shared memory before the outcome is known.
+ * Returns 0 where the round goes on, 1 where it cannot (the failure is
+ * recorded), 2 where the call was refused (nothing comes; the caller
+ * counts it), 3 where the outcome is a later call's (nothing to do). */
+MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call,
+                          const int packed, const mc_drecv_pre_t &pre, uint64_t *seen, uint32_t *base, uint32_t *prefix,
                           uint32_t *ecount) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), MW = mc_meta_words(s), tid = threadIdx.x;
   const uint64_t *seen_g = (const uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
+  __shared__ int refused;
+  if (tid == 0) refused = 0;
   for (int src = tid; src < W; src += blockDim.x) seen[src] = src == tid ? pre.seen : seen_g[src];
+  __syncthreads(); /* refused is 0 before any poller reads it */
   int fail = 0;
-  for (int i = tid; i < W * MW; i += blockDim.x) {
+  if (tid == 0) {
+    uint64_t got;
+    if (mc_dev_wait(&a, mc_ws_scalar64(&a, MC_WS_OUTCOME), 2 * call, 0, MC_PHASE_DRECV, a.rank, MC_SIG_DISP_META, round,
+                    &got, NULL, true))
+      fail = 1;
+    else if (got != 2 * call) /* refused (counted), or a call already over (a count behind: nothing to do) */
+      refused = got == 2 * call + 1 ? 2 : 3;
+  }
+  for (int i = tid; i < W * MW && !fail && !(tid == 0 && refused); i += blockDim.x) {
     const int src = i / MW, w = i % MW;
     uint32_t v = 0;
     if (!mc_masked(masking, &a, src)) {
       /* the word loaded at the start, where it carries the round and came
        * by a store (a put's words count only after its signal) */
-      if (i == tid && (uint32_t)(pre.word >> 32) == (uint32_t)round && !mc_meta_put(a, src))
-        v = (uint32_t)pre.word;
-      else if (mc_wait_meta_word(a, src, w, round, &v))
-        fail = 1;
+      if (i == tid && (uint32_t)(pre.word >> 32) == (uint32_t)round && !mc_meta_put(a, src)) v = (uint32_t)pre.word;
+      else {
+        const int r = mc_wait_meta_word(a, src, w, round, &v, &refused);
+        if (r == 1) fail = 1;
+        if (r) break;
+      }
     }
     if (w == 0) prefix[src + 1] = v;
     else if (w <= L) base[src * L + w - 1] = v;
   }
-  if (__syncthreads_or(fail)) return 1;
+  /* refused first: the pollers may have seen the refusal's own record as
+   * a failure (recorded before the outcome was written) */
+  fail = __syncthreads_or(fail);
+  if (refused) return refused;
+  if (fail) return 1;
   /* the ranks of a group passed the same m, indices and weights: their
    * digests agree (mc_gpu_prep.cuh), or the round cannot finish (groups of
    * one rank have no digest: nothing to compare, no barrier to pay) */
@@ -136,6 +163,19 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
   return 0;
 }
 
+/* A refused call (mc_drecv_metas returned 2, in every block): nothing
+ * comes; the last block out counts the call. */
+MC_DEV void mc_drecv_refused(const mc_kargs_t &a) {
+  if (threadIdx.x == 0) {
+    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
+    __threadfence();
+    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
+      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
+      sc[MC_WS_DONE_DRECV] = 0;
+    }
+  }
+}
+
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
  * payload pieces) ----
  * Every block waits for all metas and computes the slot bases itself (a few
@@ -156,7 +196,9 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
   mc_trace_start(&a, MC_TK_DRECV);
-  if (mc_drecv_metas(a, masking, round, 0, pre, seen, base, prefix, NULL)) return;
+  const int r = mc_drecv_metas(a, masking, round, call, 0, pre, seen, base, prefix, NULL);
+  if (r == 2) mc_drecv_refused(a);
+  if (r) return;
   const int total = (int)prefix[W];
   const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
@@ -252,38 +294,17 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
  * launched early (mc_gpu_launch.cuh; dispatch-send lets it start once
  * every block has prepped): it takes the round and the call's number from
  * its own counts, waits for the call's outcome (MC_WS_OUTCOME), which
- * dispatch-send writes once it has checked the input, and waits for its
- * sender to finish only at its end, so that later work on the stream
- * comes after both. A refused call is over for it too: its call count
- * moves on, its round count does not. */
+ * dispatch-send writes once it has checked the input, beside the metas
+ * (mc_drecv_metas), and waits for its sender to finish only at its end,
+ * so that later work on the stream comes after both. A refused call is
+ * over for it too: its call count moves on, its round count does not. */
 /* The round a call of dispatch-recv takes in if accepted, and the call's number. */
 MC_DEV uint64_t mc_drecv_round(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1; }
 MC_DEV uint64_t mc_drecv_call(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1; }
-/* 1 where the call was accepted; a refused one is counted here (every block calls it). */
-MC_DEV int mc_drecv_accepted(const mc_kargs_t &a, const uint64_t round, const uint64_t call) {
-  __shared__ uint64_t outcome;
-  if (threadIdx.x == 0) {
-    const uint64_t *o = mc_ws_scalar64(&a, MC_WS_OUTCOME);
-    outcome = mc_dev_wait_ge(&a, o, 2 * call, MC_PHASE_DRECV, a.rank, MC_SIG_DISP_META, round)
-                  ? 0
-                  : *(volatile const uint64_t *)o;
-  }
-  __syncthreads();
-  if (outcome == 2 * call) return 1;
-  if (outcome == 2 * call + 1 && threadIdx.x == 0) { /* refused: nothing comes; the last block out counts it */
-    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
-    __threadfence();
-    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
-      sc[MC_WS_DONE_DRECV] = 0;
-    }
-  }
-  return 0;
-}
 MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
   const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
-  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_body(a, masking, round, call, pre);
+  mc_dispatch_recv_body(a, masking, round, call, pre);
   mc_pdl_wait();
 }
 

@@ -20,7 +20,7 @@
  * words carries the round (mc_layout.h). Both ends of a pair must agree on
  * which way it goes, as mc_t_peer_window does (nvshmem_ptr is symmetric,
  * and the test switch that stages everything is set on every rank). Waits
- * use mc_dev_wait_ge and mc_dev_wait_word on this rank's own window. The
+ * use mc_dev_wait_ge and mc_dev_wait on this rank's own window. The
  * protocol is the cpu transport's, step for step (docs/protocol.md says it
  * in prose); the layout is src/core/mc_layout.h.
  * The copies are cut in pieces of MC_SEG_BYTES, a warp each, so that a

@@ -170,7 +170,9 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
   mc_trace_start(&a, MC_TK_DRECV);
-  if (mc_drecv_metas(a, masking, round, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
+  const int r = mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount);
+  if (r == 2) mc_drecv_refused(a);
+  if (r) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
   const int total = (int)m.prefix[W];
@@ -299,7 +301,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
 MC_DEV void mc_dispatch_recv_packed_kernel(const mc_kargs_t &a, const int masking) {
   const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
-  if (mc_drecv_accepted(a, round, call)) mc_dispatch_recv_packed_body(a, masking, round, call, pre);
+  mc_dispatch_recv_packed_body(a, masking, round, call, pre);
   mc_pdl_wait();
 }
 
@@ -320,18 +322,11 @@ MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   const int masking = a.mask != NULL;
   const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
-  __shared__ int accepted;
-  if (tid == 0) { /* the call's outcome, as dispatch-recv waits for it (a refusal is counted there, not here) */
-    *a.rows_out = -1;
-    const uint64_t *o = mc_ws_scalar64(&a, MC_WS_OUTCOME);
-    accepted = !mc_dev_wait_ge(&a, o, 2 * call, MC_PHASE_DRECV, a.rank, MC_SIG_DISP_META, round) &&
-               *(volatile const uint64_t *)o == 2 * call;
-  }
-  __syncthreads();
-  if (!accepted) return; /* refused, or a timeout: recorded, the host reports it */
+  if (tid == 0) *a.rows_out = -1;
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
-  if (mc_drecv_metas(a, masking, round, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
+  /* refused (counted by dispatch-recv, not here), or a timeout (recorded, the host reports it) */
+  if (mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
   if (over >= 0) {
