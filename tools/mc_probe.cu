@@ -15,7 +15,7 @@
 
 #include "mc_probe_kernels.cuh"
 
-#define PR_ROWS 48
+#define PR_ROWS 64
 #define PR_PDL_SPIN_NS 20000
 #define PR_CHASE_STRIDE 4160 /* bytes between nodes: a few KB, not a power of two (no shared cache sets) */
 #define PR_SMALL_BYTES (2u << 20)
@@ -297,6 +297,39 @@ static void pr_pdl(pr_t *p) {
   free(rec);
 }
 
+/* 8. code fetched once per launch: straight-line code of 128, 512 and
+ * 2048 steps (nvcc 13 for sm_90: 2.7, 8.8 and 33 KB), its first pass in
+ * each launch and its second */
+static void pr_code(pr_t *p) {
+  static const struct {
+    const void *fn;
+    int steps;
+  } k[3] = {{(const void *)pr_k_code128, 128}, {(const void *)pr_k_code512, 512}, {(const void *)pr_k_code2048, 2048}};
+  const int n = p->trials, all = n + PR_WARM;
+  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  for (int j = 0; j < 3; j++) {
+    for (int t = 0; t < all; t++) {
+      uint32_t seed = (uint32_t)t;
+      void *args[] = {&seed, &t, &p->out};
+      CK(cudaLaunchKernel(k[j].fn, dim3(1), dim3(32), args, 0, p->st));
+    }
+    pr_sync(p, "code");
+    CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
+    for (int pass = 0; pass < 2; pass++) {
+      char step[40], what[200];
+      for (int t = 0; t < n; t++)
+        ns[t] = (double)c[2 * (t + PR_WARM) + pass] * 1000.0 / p->mhz;
+      snprintf(step, sizeof step, "code.%s.%d", pass ? "second" : "first", k[j].steps);
+      snprintf(what, sizeof what, "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch "
+               "(clock64)", k[j].steps, pass ? "second" : "first");
+      pr_row(p, step, what, ns, n);
+    }
+  }
+  free(c);
+  free(ns);
+}
+
 /* 5. a captured graph of one or two empty kernels: 1 x 32, or a block per
  * SM of 512 threads with 40 KB of dynamic shared memory; the second
  * launched as a programmatic dependent where pdl */
@@ -402,7 +435,8 @@ static void pr_usage(FILE *f) {
   fputs("mc-probe: the cost of each elementary step of a latency-bound dispatch or combine\n"
         "phase on this GPU: dependent loads (L2, DRAM), releases and fences at system and\n"
         "GPU scope, a flag round trip between SMs, programmatic dependent launch, kernels\n"
-        "in a CUDA graph, a warp's 2 KB copy, a block barrier, globaltimer's resolution.\n"
+        "in a CUDA graph, a warp's 2 KB copy, a block barrier, code fetched at a launch,\n"
+        "globaltimer's resolution.\n"
         "\n"
         "  --trials N   samples per step after warm-up (10..100000)   [200]\n"
         "  --json       one JSON object on stdout instead of the table\n"
@@ -478,6 +512,7 @@ int main(int argc, char **argv) {
   pr_flags(&p);
   if (p.cc_major >= 9) pr_pdl(&p); /* griddepcontrol needs sm_90 */
   pr_graphs(&p);
+  pr_code(&p);
   p.mhz_after = pr_clock_mhz(&p);
   pr_print(&p);
   if (p.mhz_after < 0.98 * p.mhz || p.mhz_after > 1.02 * p.mhz)

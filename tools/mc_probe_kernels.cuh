@@ -354,4 +354,26 @@ static __global__ void __launch_bounds__(512) pr_k_barrier(int n, int trials, ui
   }
 }
 
+/* ---- 8. code fetched: one warp through N steps of straight-line code, a
+ * dependent rotate and add each, twice in one launch: the first pass
+ * fetches the code, the second runs it from the SM's instruction caches,
+ * where it fits. The difference is what a kernel pays for its code once
+ * per launch. out[2 * trial + pass], cycles; the chain starts after the
+ * first clock read (it takes in a bit of it) and the second waits for its
+ * end. ---- */
+#define PR_CODE_KERNEL(name, N)                                                                                      \
+  static __global__ void __launch_bounds__(32) name(uint32_t seed, int trial, uint64_t *out) {                       \
+    uint32_t x = seed + threadIdx.x;                                                                                 \
+    _Pragma("unroll 1") for (int pass = 0; pass < 2; pass++) {                                                       \
+      const uint64_t c0 = pr_clock();                                                                                \
+      x += (uint32_t)(c0 >> 63);                                                                                     \
+      _Pragma("unroll") for (int i = 0; i < (N); i++) x = __funnelshift_l(x, x, 1 + i % 31) + i * 2654435761u;        \
+      const uint64_t c1 = pr_clock_after(x);                                                                         \
+      if (threadIdx.x == 0) out[2 * trial + pass] = c1 - c0;                                                         \
+    }                                                                                                                \
+  }
+PR_CODE_KERNEL(pr_k_code128, 128)
+PR_CODE_KERNEL(pr_k_code512, 512)
+PR_CODE_KERNEL(pr_k_code2048, 2048)
+
 #endif

@@ -40,9 +40,11 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
   __syncthreads();
-  if (blockIdx.x == 0)
+  if (blockIdx.x == 0) {
     for (int p = threadIdx.x; p < W; p += blockDim.x)
       if (!mc_masked(masking, &a, p)) mc_signal_set(a, p, MC_SIG_COMB_BAR, round);
+    mc_trace_point(&a, MC_TK_CSEND, 0);
+  }
   const uint64_t row_bytes = mc_row_bytes(s);
   const int segs = mc_row_segs(s);
   const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
@@ -94,7 +96,9 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
       if (!mc_t_peer_window(&a, p))
         mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, (uint64_t)segs, MC_SIG_ADD, p);
   }
+  mc_trace_point(&a, MC_TK_CSEND, 1);
   mc_block_signal_counts(a, count, MC_SIG_COMB_ROWS);
+  mc_trace_point(&a, MC_TK_CSEND, 2);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     uint64_t *st = (uint64_t *)(a.ws + mc_ws_stats_off(s));
     st[MC_STAT_CROWS] += (uint64_t)n_route * G;
