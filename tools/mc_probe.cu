@@ -299,7 +299,8 @@ static void pr_pdl(pr_t *p) {
 
 /* 8. code fetched once per launch: straight-line code of 128, 512 and
  * 2048 steps (nvcc 13 for sm_90: 2.7, 8.8 and 33 KB), its first pass in
- * each launch and its second */
+ * each launch and its second, each launch after 8192 steps of other code
+ * on every SM (the code itself stays in L2, as a round's kernels do) */
 static void pr_code(pr_t *p) {
   static const struct {
     const void *fn;
@@ -311,7 +312,9 @@ static void pr_code(pr_t *p) {
   for (int j = 0; j < 3; j++) {
     for (int t = 0; t < all; t++) {
       uint32_t seed = (uint32_t)t;
-      void *args[] = {&seed, &t, &p->out};
+      int spare = all; /* the evicting kernel's samples go past the trials' */
+      void *args[] = {&seed, &t, &p->out}, *eargs[] = {&seed, &spare, &p->out};
+      CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), eargs, 0, p->st));
       CK(cudaLaunchKernel(k[j].fn, dim3(1), dim3(32), args, 0, p->st));
     }
     pr_sync(p, "code");
@@ -321,8 +324,10 @@ static void pr_code(pr_t *p) {
       for (int t = 0; t < n; t++)
         ns[t] = (double)c[2 * (t + PR_WARM) + pass] * 1000.0 / p->mhz;
       snprintf(step, sizeof step, "code.%s.%d", pass ? "second" : "first", k[j].steps);
-      snprintf(what, sizeof what, "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch "
-               "(clock64)", k[j].steps, pass ? "second" : "first");
+      snprintf(what, sizeof what,
+               "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch, after other "
+               "code on every SM (clock64)",
+               k[j].steps, pass ? "second" : "first");
       pr_row(p, step, what, ns, n);
     }
   }

@@ -358,7 +358,8 @@ static __global__ void __launch_bounds__(512) pr_k_barrier(int n, int trials, ui
  * dependent rotate and add each, twice in one launch: the first pass
  * fetches the code, the second runs it from the SM's instruction caches,
  * where it fits. The difference is what a kernel pays for its code once
- * per launch. out[2 * trial + pass], cycles; the chain starts after the
+ * per launch (the chain is dependent, so the fetcher may run ahead of it:
+ * a lower bound). out[2 * trial + pass], cycles; the chain starts after the
  * first clock read (it takes in a bit of it) and the second waits for its
  * end. ---- */
 #define PR_CODE_KERNEL(name, N)                                                                                      \
@@ -375,5 +376,8 @@ static __global__ void __launch_bounds__(512) pr_k_barrier(int n, int trials, ui
 PR_CODE_KERNEL(pr_k_code128, 128)
 PR_CODE_KERNEL(pr_k_code512, 512)
 PR_CODE_KERNEL(pr_k_code2048, 2048)
+/* other code, launched on every SM before each trial: what a round's other
+ * kernels do to the SM's instruction caches */
+PR_CODE_KERNEL(pr_k_code_evict, 8192)
 
 #endif

@@ -199,7 +199,10 @@ MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target
     __nanosleep(nap);
     if (nap < (unsigned)a->nap_max) nap *= 2;
     if ((it & 15u) == 0) {
-      if (quit && *quit) return 2;
+      if (quit && *quit) { /* no failure, and nothing awaited: the mark goes */
+        if (marked) atomicCAS((unsigned long long *)waiting, mine, 0ull);
+        return 2;
+      }
       if (!own && mc_dev_failed(a->err)) return 1;
       const uint64_t now = mc_globaltimer_ns();
       if (now > t0 + 1000000u) { /* lasting: say whom this rank waits for (again: another wait may have cleared it) */
