@@ -325,7 +325,8 @@ MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   if (tid == 0) *a.rows_out = -1;
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
-  /* refused (counted by dispatch-recv, not here), or a timeout (recorded, the host reports it) */
+  /* refused (counted by dispatch-recv, not here), a later call's outcome, or a timeout (recorded, the host
+   * reports it) */
   if (mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
