@@ -47,7 +47,7 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   }
   const uint64_t row_bytes = mc_row_bytes(s);
   const int segs = mc_row_segs(s);
-  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes); /* 8-element groups per segment */
+  const int64_t seg_groups = mc_seg_groups(dt);
   const int64_t row_groups = s->hidden / 8;
   uint32_t *rowdone = mc_ws_u32(&a, mc_ws_rowdone_off(s));
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
@@ -155,7 +155,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   if (abort_) return;
   mc_trace_point(&a, MC_TK_CRECV, 0);
   const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
-  const int64_t seg_groups = MC_SEG_BYTES / (8 * (int64_t)s->in_elem_bytes), row_groups = s->hidden / 8;
+  const int64_t seg_groups = mc_seg_groups(dt), row_groups = s->hidden / 8;
   /* one warp per (token, segment): four 8-element groups per lane in flight */
   for (int it = gw; it < m_eff * segs; it += nw) {
     const int t = it / segs, sg = it % segs;

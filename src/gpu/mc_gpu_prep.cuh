@@ -39,9 +39,12 @@ MC_DEV int mc_call_m(const mc_kargs_t &a) { return a.bound_m ? *a.bound_m : a.m;
 
 /* Scanning warps per chunk (<= 8), and tokens per chunk (>= MC_PREP_MIN_CHUNK). */
 static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
-  const size_t cols = (size_t)s->num_experts + (size_t)s->world_size;
-  const size_t fixed = sizeof(uint32_t) * (cols + (size_t)s->world_size); /* running counts, expected rows */
-  size_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (sizeof(uint32_t) * cols) : 1;
+  /* in 32 bits: a 64-bit division is a called routine on the GPU, and
+   * every block of dispatch-send makes this one as it starts */
+  const uint32_t cols = (uint32_t)s->num_experts + (uint32_t)s->world_size;
+  if (cols >= MC_PREP_SMEM / 4u) return 1;
+  const uint32_t fixed = 4u * (cols + (uint32_t)s->world_size); /* running counts, expected rows */
+  uint32_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (4u * cols) : 1;
   if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
   return w < 1 ? 1 : (int)w;
 }

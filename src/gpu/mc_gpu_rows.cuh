@@ -78,6 +78,9 @@ typedef struct mc_seg {
   int64_t g0, seg_groups, row_groups; /* first group, groups per segment, groups per row */
   int lane;
 } mc_seg_t;
+/* 8-element groups per segment of a row of dt (the wire's dtype, whose
+ * size the shape's in_elem_bytes is): a constant where dt is */
+MC_DEV int mc_seg_groups(int dt) { return (int)MC_SEG_BYTES / (8 * (dt == MC_DTYPE_FP32 ? 4 : 2)); }
 MC_DEV bool mc_seg_owns(const mc_seg_t &sg, int q, int64_t *g) {
   *g = sg.g0 + sg.lane + 32 * q;
   return 32 * q + sg.lane < sg.seg_groups && *g < sg.row_groups;
