@@ -40,10 +40,12 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
   __syncthreads();
-  if (blockIdx.x == 0) {
-    for (int p = threadIdx.x; p < W; p += blockDim.x)
+  /* the round barrier's signals, by block 0's last warp: a release holds
+   * up the warp that makes it (mc-probe times it), and at decode sizes
+   * the rows go to the first warps only */
+  if (blockIdx.x == 0 && (int)(threadIdx.x >> 5) == (int)(blockDim.x >> 5) - 1) {
+    for (int p = threadIdx.x & 31; p < W; p += 32)
       if (!mc_masked(masking, &a, p)) mc_signal_set(a, p, MC_SIG_COMB_BAR, round);
-    mc_trace_point(&a, MC_TK_CSEND, 0);
   }
   const uint64_t row_bytes = mc_row_bytes(s);
   const int segs = mc_row_segs(s);
