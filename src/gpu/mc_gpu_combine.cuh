@@ -28,7 +28,8 @@ MC_DEV uint64_t mc_rows_target(const mc_kargs_t &a, int src) {
  * others. The warp that finishes a row's last segment (a per-row counter)
  * sends the row's signal: one release per direct member, one
  * put-with-signal per staged member. Each lane keeps four 8-element loads
- * in flight per expert. (Measured: a warp per whole row starves the SMs of
+ * in flight per expert, MC_SEG_ROWS experts at once, their targets loaded
+ * with the entry. (Measured: a warp per whole row starves the SMs of
  * warps, a signal per segment costs a system-scope release each.) */
 MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const int dt) {
   const mc_shape_t *s = &a.s;
@@ -56,17 +57,28 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   for (int it = gw; it < n_route * segs; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    /* the entry and its targets in one round trip: lane k loads the k-th
+     * (those past n_targets are not used) */
+    const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
     float acc[MC_SEG_GROUPS_PER_LANE][8];
     mc_seg_zero(acc);
-    for (int k = 0; k < n; k++) {
-      const mc_target_t tg = r->targets[k];
-      mc_seg_axpy(acc, tg.weight,
-                  (const unsigned char *)a.expert_y + ((uint64_t)tg.expert * cap + (uint64_t)tg.pos) * row_bytes, seg,
-                  dt);
+    /* MC_SEG_ROWS experts' rows loaded at once, summed in target order */
+    for (int k = 0; k < n; k += MC_SEG_ROWS) {
+      const void *row[MC_SEG_ROWS];
+      float w[MC_SEG_ROWS];
+#pragma unroll
+      for (int j = 0; j < MC_SEG_ROWS; j++) {
+        const int kj = (k + j) & 31;
+        const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, kj) * cap +
+                            (uint64_t)__shfl_sync(0xffffffffu, mine.pos, kj);
+        w[j] = __shfl_sync(0xffffffffu, mine.weight, kj);
+        row[j] = (const unsigned char *)a.expert_y + at * row_bytes;
+      }
+      mc_seg_axpy_rows(acc, w, row, n - k, seg, dt);
     }
     bool any_staged = false;
     for (int p = first; p < first + G; p++) {

@@ -74,6 +74,7 @@ MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
 /* ---- a warp's share of one row segment (MC_SEG_BYTES): lane owns the
  * 8-element groups g0 + lane + 32 q, four loads in flight per lane ---- */
 #define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
+#define MC_SEG_ROWS 2 /* rows whose loads combine-send keeps in flight at once: more spill its registers */
 typedef struct mc_seg {
   int64_t g0, seg_groups, row_groups; /* first group, groups per segment, groups per row */
   int lane;
@@ -104,6 +105,25 @@ MC_DEV void mc_seg_axpy(float acc[MC_SEG_GROUPS_PER_LANE][8], float w, const voi
 #pragma unroll
   for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
     if (mc_seg_q_used(q, dt)) mc_acc8(acc[q], w, v[q], dt);
+}
+/* acc += w[j] * row[j] for j < min(nr, MC_SEG_ROWS), in that order (the
+ * bits of one row at a time): every row's loads in flight first */
+MC_DEV void mc_seg_axpy_rows(float acc[MC_SEG_GROUPS_PER_LANE][8], const float w[MC_SEG_ROWS],
+                             const void *const row[MC_SEG_ROWS], int nr, const mc_seg_t &sg, int dt) {
+  const int R = MC_SEG_ROWS;
+  mc_raw8_t v[MC_SEG_ROWS][MC_SEG_GROUPS_PER_LANE];
+  int64_t g;
+#pragma unroll
+  for (int j = 0; j < R; j++)
+#pragma unroll
+    for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+      if (j < nr && mc_seg_q_used(q, dt) && mc_seg_owns(sg, q, &g)) v[j][q] = mc_load8_raw(row[j], g, dt);
+#pragma unroll
+  for (int j = 0; j < R; j++)
+    if (j < nr)
+#pragma unroll
+      for (int q = 0; q < MC_SEG_GROUPS_PER_LANE; q++)
+        if (mc_seg_q_used(q, dt)) mc_acc8(acc[q], w[j], v[j][q], dt);
 }
 /* seg_dt: the dtype the segment was cut for (the wire's); dt: the row's */
 MC_DEV void mc_seg_store(void *row, const float acc[MC_SEG_GROUPS_PER_LANE][8], const mc_seg_t &sg, int seg_dt,
