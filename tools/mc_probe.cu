@@ -2,7 +2,8 @@
  * elementary step a latency-bound dispatch or combine phase is made of
  * (dependent loads, releases and fences, a flag round trip between SMs,
  * programmatic dependent launch, kernels in a CUDA graph, a warp's piece
- * copy, a block barrier, the timer itself), so that a per-microsecond
+ * copy, a combine segment's sums, a block barrier and count, the timer
+ * itself), so that a per-microsecond
  * ledger of a phase can cite a measurement of every step taken in the same
  * run. Median, p99 and minimum over many trials after warm-up. Needs
  * nothing of the library; the kernels are in mc_probe_kernels.cuh. */
@@ -158,9 +159,31 @@ static void pr_loads_copy(pr_t *p) {
   pr_row_cycles(p, "copy2K.src_dram", "the same, each source a fresh piece of the DRAM buffer", n, 1);
   CK(cudaFree(big));
 
+  /* 9: a combine segment's sums, one row (combine-recv's, one source) and
+   * eight (combine-send's, top-k 8 on one rank) */
+  for (int rows = 1; rows <= 8; rows += 7) {
+    char step[40];
+    pr_k_sum<<<1, 32, 0, p->st>>>((const int4 *)p->small, 128, PR_SMALL_BYTES / 2048, rows, p->dst, n, p->out);
+    pr_sync(p, "sums");
+    snprintf(step, sizeof step, "sum%d.2K.src_l2", rows);
+    snprintf(what, sizeof what,
+             "warp: %d row%s of 2 KB bf16 from L2 summed in fp32 (%s), rounded, stored, __threadfence, read back "
+             "(clock64)",
+             rows, rows > 1 ? "s" : "", rows > 1 ? "two rows' loads in flight" : "its loads in flight");
+    pr_row_cycles(p, step, what, n, 1);
+  }
+
   pr_k_barrier<<<1, 512, 0, p->st>>>(1000, n, p->out);
   pr_sync(p, "barrier");
   pr_row_cycles(p, "syncthreads.512", "__syncthreads of 512 threads, chain of 1000, per barrier (clock64)", n, 1000);
+  /* 10: the count every block makes at a kernel's end (a fresh word: the
+   * counter of p->flags' last line) */
+  pr_k_count<<<1, 512, 0, p->st>>>((unsigned *)(p->flags + 16), n, p->out);
+  pr_sync(p, "count");
+  pr_row_cycles(p, "count.block",
+                "thread 0: a __syncthreads of 512, then an atomicAdd on a global word until its value is back "
+                "(clock64)",
+                n, 1);
 }
 
 /* 2. releases and fences, after nothing, a warp's 2 KB, a block's 32 KB */
@@ -440,8 +463,8 @@ static void pr_usage(FILE *f) {
   fputs("mc-probe: the cost of each elementary step of a latency-bound dispatch or combine\n"
         "phase on this GPU: dependent loads (L2, DRAM), releases and fences at system and\n"
         "GPU scope, a flag round trip between SMs, programmatic dependent launch, kernels\n"
-        "in a CUDA graph, a warp's 2 KB copy, a block barrier, code fetched at a launch,\n"
-        "globaltimer's resolution.\n"
+        "in a CUDA graph, a warp's 2 KB copy, a combine segment's sums, a block barrier\n"
+        "and count, code fetched at a launch, globaltimer's resolution.\n"
         "\n"
         "  --trials N   samples per step after warm-up (10..100000)   [200]\n"
         "  --json       one JSON object on stdout instead of the table\n"

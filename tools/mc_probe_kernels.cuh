@@ -380,4 +380,85 @@ PR_CODE_KERNEL(pr_k_code2048, 2048)
  * kernels do to the SM's instruction caches */
 PR_CODE_KERNEL(pr_k_code_evict, 8192)
 
+/* ---- 9. a combine segment's sums: one warp, rows of 2 KB of bf16 (8
+ * values a 16-byte load, four a lane), summed in fp32 as the kernels do
+ * (each w * x rounded, then added: no fused multiply-add), two rows' loads
+ * in flight at a time as combine-send keeps them; then rounded to bf16
+ * (nearest even), stored, __threadfence, and a stored word read back as
+ * in step 6. Trial i sums rows i * rows .. of pieces in a ring (step16
+ * 16-byte units apart): from L2 where the ring is, never from L1. ---- */
+PR_DEV float pr_bf16_lo(int w) { return __int_as_float(w << 16); }
+PR_DEV float pr_bf16_hi(int w) { return __int_as_float(w & (int)0xffff0000); }
+PR_DEV uint32_t pr_to_bf16(float f) {
+  const uint32_t u = (uint32_t)__float_as_int(f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+PR_DEV void pr_acc16(float acc[8], float w, int4 v) {
+  const int x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    acc[2 * e] = __fadd_rn(acc[2 * e], __fmul_rn(w, pr_bf16_lo(x[e])));
+    acc[2 * e + 1] = __fadd_rn(acc[2 * e + 1], __fmul_rn(w, pr_bf16_hi(x[e])));
+  }
+}
+static __global__ void pr_k_sum(const int4 *src, uint64_t step16, int pieces, int rows, int4 *dst, int trials,
+                                uint64_t *out) {
+  const int lane = threadIdx.x & 31;
+  for (int i = -PR_WARM; i < trials; i++) {
+    const int first = (int)((uint64_t)(i + PR_WARM) * (uint64_t)rows % (uint64_t)pieces);
+    float acc[4][8];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    __syncwarp();
+    const uint64_t t0 = pr_clock();
+    for (int r = 0; r < rows; r += 2) {
+      int4 v[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        if (r + j < rows) {
+          const int4 *s = src + (uint64_t)((first + r + j) % pieces) * step16;
+#pragma unroll
+          for (int q = 0; q < 4; q++) v[j][q] = pr_ld_v4(s + lane + 32 * q);
+        }
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        if (r + j < rows)
+#pragma unroll
+          for (int q = 0; q < 4; q++) pr_acc16(acc[q], 0.25f + (float)(r + j), v[j][q]);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int4 o;
+      o.x = (int)(pr_to_bf16(acc[q][0]) | pr_to_bf16(acc[q][1]) << 16);
+      o.y = (int)(pr_to_bf16(acc[q][2]) | pr_to_bf16(acc[q][3]) << 16);
+      o.z = (int)(pr_to_bf16(acc[q][4]) | pr_to_bf16(acc[q][5]) << 16);
+      o.w = (int)(pr_to_bf16(acc[q][6]) | pr_to_bf16(acc[q][7]) << 16);
+      pr_st_v4(dst + lane + 32 * q, o);
+    }
+    __threadfence();
+    const uint64_t t1 = pr_clock_after(pr_ld_relaxed_gpu((const uint64_t *)(dst + lane)));
+    if (lane == 0 && i >= 0) out[i] = t1 - t0;
+  }
+}
+
+/* ---- 10. a block's count at a kernel's end: thread 0 reads the clock,
+ * the block's barrier, then its atomicAdd on a global counter, until the
+ * old value is back (the last block out learns it is last from it) ---- */
+static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int trials, uint64_t *out) {
+  for (int i = -PR_WARM; i < trials; i++) {
+    __syncthreads();
+    if (threadIdx.x == 0) pr_spin_ns(1000);
+    __syncthreads();
+    const uint64_t t0 = pr_clock();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const unsigned v = atomicAdd(ctr, 1u);
+      const uint64_t t1 = pr_clock_after(v);
+      if (i >= 0) out[i] = t1 - t0;
+    }
+  }
+}
+
 #endif
