@@ -53,7 +53,9 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   const int64_t seg_groups = mc_seg_groups(dt);
   const int64_t row_groups = s->hidden / 8;
   uint32_t *rowdone = mc_ws_u32(&a, mc_ws_rowdone_off(s));
-  const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  /* items dealt to blocks first: a decode call's few segments run on as
+   * many SMs, not all on block 0's */
+  const int gw = (int)(threadIdx.x >> 5) * (int)gridDim.x + (int)blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
   for (int it = gw; it < n_route * segs; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
