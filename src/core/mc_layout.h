@@ -108,8 +108,24 @@ typedef struct mc_shape {
    * division at every use: a large share of a kernel's instructions) */
   int num_local_experts, num_groups, src_cap;
   int layout, expert_align; /* the receive layout (MC_LAYOUT_*) and the sorted layout's alignment */
-  int spare_;
+  int prep_warps;           /* the GPU prep's scanning warps per chunk (mc_prep_warps_of) */
 } mc_shape_t;
+
+/* The GPU prep (src/gpu/mc_gpu_prep.cuh) keeps a lane mask per scanning
+ * warp for each of the E + W columns in shared memory under MC_PREP_SMEM,
+ * in blocks of MC_PREP_THREADS: as many warps as fit, 1 to 8; a chunk is 32
+ * tokens a warp. Made once here: every block of a dispatch kernel carves
+ * its shared memory by it, and the division would be made in each. */
+#define MC_PREP_THREADS 256
+#define MC_PREP_SMEM (40u << 10)
+MC_HD int mc_prep_warps_of(int num_experts, int world_size) {
+  const uint32_t cols = (uint32_t)num_experts + (uint32_t)world_size;
+  if (cols >= MC_PREP_SMEM / 4u) return 1;
+  const uint32_t fixed = 4u * (cols + (uint32_t)world_size); /* running counts, expected rows */
+  uint32_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (4u * cols) : 1;
+  if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
+  return w < 1 ? 1 : (int)w;
+}
 
 /* A shape with its derived fields: the only way to make one. */
 MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, int topk, int max_tokens, int hidden,
@@ -117,7 +133,8 @@ MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, 
                                int expert_align) {
   mc_shape_t s = {world_size, group_size, num_experts, topk, max_tokens, hidden, token_bytes, scale_bytes,
                   in_elem_bytes, num_experts / world_size, world_size / group_size,
-                  (max_tokens + group_size - 1) / group_size, layout, expert_align, 0};
+                  (max_tokens + group_size - 1) / group_size, layout, expert_align,
+                  mc_prep_warps_of(num_experts, world_size)};
   return s;
 }
 

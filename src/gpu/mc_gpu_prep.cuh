@@ -29,25 +29,14 @@
 #include "mc_route.h"
 #include "mc_gpu_rows.cuh"
 
-#define MC_PREP_THREADS 256 /* the chunked prep kernel's blocks */
-#define MC_PREP_SMEM (40u << 10) /* cap on the per-warp masks: many experts mean fewer scanning warps */
 enum { MC_PREP_ONE = 0, MC_PREP_CHUNKS = 1 };
 
 /* The call's tokens: bound_m where the caller gives them on the device (a
  * captured graph replays with any count up to a.m), else a.m. */
 MC_DEV int mc_call_m(const mc_kargs_t &a) { return a.bound_m ? *a.bound_m : a.m; }
 
-/* Scanning warps per chunk (<= 8), and tokens per chunk (>= MC_PREP_MIN_CHUNK). */
-static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) {
-  /* in 32 bits: a 64-bit division is a called routine on the GPU, and
-   * every block of dispatch-send makes this one as it starts */
-  const uint32_t cols = (uint32_t)s->num_experts + (uint32_t)s->world_size;
-  if (cols >= MC_PREP_SMEM / 4u) return 1;
-  const uint32_t fixed = 4u * (cols + (uint32_t)s->world_size); /* running counts, expected rows */
-  uint32_t w = fixed < MC_PREP_SMEM ? (MC_PREP_SMEM - fixed) / (4u * cols) : 1;
-  if (w > MC_PREP_THREADS / 32) w = MC_PREP_THREADS / 32;
-  return w < 1 ? 1 : (int)w;
-}
+/* Scanning warps per chunk (<= 8), and tokens per chunk (mc_layout.h). */
+static inline __host__ __device__ int mc_prep_warps(const mc_shape_t *s) { return s->prep_warps; }
 static inline __host__ __device__ int mc_prep_chunk(const mc_shape_t *s) { return mc_prep_warps(s) * 32; }
 
 /* Shared memory, in 32-bit words from the start:
