@@ -479,8 +479,9 @@ MC_API mc_result_t mc_combine(mc_a2a_t *a2a, const void *expert_y, void *out, un
 
 /* Report a failure that a GPU transport's kernels recorded since the last
  * call (a peer that did not arrive: MC_ERR_TIMEOUT; input refused on the
- * device: MC_ERR_INVALID_ARG, and the round is over), without launching or
- * waiting for anything. Kernels run asynchronously, so such a failure is
+ * device: MC_ERR_INVALID_ARG, and the round is over; of several refused
+ * calls the first, while the calls queued behind it ran as usual), without
+ * launching or waiting for anything. Kernels run asynchronously, so such a failure is
  * otherwise reported by the next call on the handle; call this after
  * synchronising the stream to learn it at once. MC_SUCCESS when nothing
  * failed (always, on the cpu transport, whose calls report synchronously). */

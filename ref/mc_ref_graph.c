@@ -50,6 +50,15 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
     mc_input_t *in = &b->ins[rank / c->group_size];
     call_in_t ci;
     mc_rr_upload_inputs(c, in, d, &ci);
+    if (o->graph_refused) {
+      /* refused on the device; its record waits for the host's next look,
+       * after the good replay below */
+      const int32_t past = g.m + 1;
+      if (mc_dev_put(1, d->bound, &past, 4) != 0 || mc_dev_graph_launch(exec, stream) != 0) {
+        mc_rr_fail(me, 0, "round %llu rank %d: the refused replay failed to launch", (unsigned long long)round, rank);
+        break;
+      }
+    }
     mc_dev_put(1, d->bound, &in->bound_m, 4); /* captured with a bound pointer: always valid */
     mc_rr_poison_outputs(c, b, d, rank);
     mc_dev_sync(1);
@@ -58,6 +67,14 @@ void mc_rr_run_graph_rounds(const mc_case_t *c, const mc_run_opts_t *o, int rank
       break;
     }
     mc_result_t crc = mc_a2a_check(a2a);
+    if (o->graph_refused) {
+      if (crc != MC_ERR_INVALID_ARG || !strstr(mc_a2a_last_error(a2a), "*bound_m=")) {
+        mc_rr_fail(me, crc, "round %llu rank %d: the refused replay's report expected, got %d: %s",
+                   (unsigned long long)round, rank, (int)crc, mc_a2a_last_error(a2a));
+        break;
+      }
+      crc = mc_a2a_check(a2a); /* reported once */
+    }
     if (crc != MC_SUCCESS) {
       mc_rr_fail(me, crc, "round %llu rank %d: %s", (unsigned long long)round, rank, mc_a2a_last_error(a2a));
       break;

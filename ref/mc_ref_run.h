@@ -49,9 +49,12 @@ typedef struct mc_run_opts {
   int stall_in_combine; /* 1: the stalled rank stops after dispatch of stall_round, before its combine */
   int differ_round;   /* > 0: in this round the last rank of each group passes one weight changed
                          (its group's inputs differ: every rank must fail the round, naming them) */
+  int graph_refused;  /* graph mode: before each round's replay, a replay the device refuses (*bound_m past m),
+                         not looked at before the good one, which must run as usual; the check after it
+                         must report the refusal, and a second check nothing */
 } mc_run_opts_t;
 
-#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0}
+#define MC_RUN_OPTS_DEFAULT {1, 0, 0, 0, 1, 10000, 1, 0, -1, 0, MC_TRANSPORT_CPU, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0}
 
 typedef struct mc_run_rank {
   int failed;             /* a check or a call failed */

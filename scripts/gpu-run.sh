@@ -149,7 +149,7 @@ if [ "$mode" = multi ]; then
     then r=PASS; else r="FAIL($?)"; tail -6 "$out/test-$tag-$t.log"; fi
     results+=("$tag $t $r $(( $(date +%s) - s ))s")
   }
-  tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_few_tokens gpu_stall gpu_graph gpu_deepseek_shape gpu_packed gpu_prep_passes gpu_many_rounds
+  tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_few_tokens gpu_stall gpu_graph gpu_graph_refused gpu_deepseek_shape gpu_packed gpu_prep_passes gpu_many_rounds
          gpu_auto_transport"
   for tp in nvshmem p2p; do
     for t in $tests; do run_test "$tp-ep$n" "$n" "$t" MC_TEST_TRANSPORT=$tp MC_TEST_MAX_WORLD=$n; done
@@ -403,7 +403,7 @@ run_test() { # name [VAR=value ...]: the test, under the environment given
   echo "${results[-1]}" # as it ends: a run cut short by a time limit still says what passed
   [ "$r" = PASS ] || tail -15 "$out/test-$tag.log"
 }
-tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_few_tokens gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_bench_floor gpu_deepseek_shape gpu_packed gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
+tests="gpu_ep_sizes gpu_bound_m gpu_split gpu_bad_input gpu_few_tokens gpu_group_inputs_differ gpu_int64_ids gpu_stall gpu_mask_dead_rank gpu_graph gpu_graph_refused gpu_bench_floor gpu_deepseek_shape gpu_packed gpu_prep_passes gpu_topk_kernels gpu_quant_dispatch gpu_nvshmem_attach gpu_p2p_other_host gpu_auto_transport gpu_many_rounds gpu_p2p_threads gpu_barrier_after_rejoin gpu_mask_retry gpu_quant_values gpu_quant_division"
 [ "$mode" = quick ] && tests=${MC_TESTS:-gpu_ep_sizes gpu_stall} && TEST_TIMEOUT=120
 # tests: every GPU test, nothing else (a check after a change that is not about speed)
 for t in $tests; do run_test "$t"; done

@@ -406,6 +406,32 @@ int test_gpu_graph(void) {
   return 0;
 }
 
+/* A replay the device refuses (bound_m past m) and a good one queued
+ * behind it before the host looks, every round: the refusal sends nothing
+ * and stops nothing else, so the good replay's outputs are checked against
+ * the reference; the next check reports the refusal, once. Groups of two
+ * ranks (the general prep) and of one (the one-warp prep). */
+int test_gpu_graph_refused(void) {
+  REQUIRE_GPU();
+  for (int g = 2; g >= 1; g--) {
+    mc_case_t c;
+    mc_tg_small_case(&c, mc_tg_cap_world(4), g, 60 + g);
+    c.in_dtype = MC_DTYPE_BF16;
+    c.token_bytes = (size_t)c.hidden * 2;
+    c.scale_bytes = 16;
+    c.expert_identity = 1;
+    c.fixed_m = 1;
+    c.use_bound_m = 1;
+    if (g == 1) c.max_tokens = 3; /* at most 32 (token, k) pairs: the one-warp prep */
+    mc_run_opts_t o = MC_RUN_OPTS_DEFAULT;
+    o.rounds = 30;
+    o.graph = 1;
+    o.graph_refused = 1;
+    MC_CHECK(mc_tg_run(&c, &o) == 0);
+  }
+  return 0;
+}
+
 /* The benchmark's view of a captured engine call and of the launch floor:
  * m = max_tokens with the valid tokens in bound_m (fewer than max_tokens),
  * timed as graph replays and eagerly, halves and whole, with each phase's

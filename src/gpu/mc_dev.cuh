@@ -154,6 +154,20 @@ MC_DEV void mc_dev_fail(mc_dev_error_t *e, int code, int phase, int rank, int pe
 
 MC_DEV int mc_dev_failed(const mc_dev_error_t *e) { return *(const volatile int32_t *)&e->claimed != 0; }
 
+/* Record the first refused call (bad input, found by dispatch-send): the
+ * call sends nothing, and nothing else stops (mc_dev_failed stays 0). */
+MC_DEV void mc_dev_refuse(mc_dev_error_t *e, int code, int token, int k, int value, uint64_t expected, uint64_t seen) {
+  if (atomicCAS((int *)&e->ref_claimed, 0, 1) != 0) return;
+  e->ref_token = token;
+  e->ref_k = k;
+  e->ref_value = value;
+  e->ref_expected = expected;
+  e->ref_seen = seen;
+  __threadfence_system();
+  *(volatile int32_t *)&e->ref_code = code;
+  __threadfence_system();
+}
+
 /* One poll of a wait: a signal (word 0), acquired, has reached target; a
  * word that carries its round (word 1: a meta word, mc_layout.h), loaded
  * relaxed, carries round target (its high half: the round modulo 2^32; no
@@ -174,8 +188,7 @@ MC_DEV bool mc_dev_poll(const mc_kargs_t *a, const uint64_t *p, uint64_t target,
  * not come, and that is no failure (a refused call's metas). own: the
  * word is written by this rank's kernel before, which waits for nobody
  * before it (the call's outcome): it comes whatever failed elsewhere, and
- * a failure recorded meanwhile (a refusal is recorded before its outcome
- * is written) does not end the wait. */
+ * a failure recorded meanwhile does not end the wait. */
 MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int word, int phase, int peer,
                        int slot, uint64_t round, uint64_t *got, const volatile int *quit, bool own) {
   if (mc_dev_poll(a, sig, target, word, got)) return 0;

@@ -22,12 +22,17 @@ typedef struct mc_dev_error {
   int32_t code;  /* MC_DEVERR_*; 0 while nothing failed (written last) */
   int32_t phase; /* MC_PHASE_* */
   int32_t rank, peer, slot; /* timeout: who waited for whom, on which signal */
-  int32_t token, k, value;  /* bad input: indices[token][k] (its full value in seen), or *bound_m = value;
-                               a group's inputs differ: ranks slot and peer of group value;
-                               over capacity: rank peer receives seen rows, more than expected */
+  int32_t token, k, value;  /* a group's inputs differ: ranks slot and peer of group value */
   uint64_t expected, seen;
   uint64_t round;
   int32_t claimed; /* 0 -> 1 by the first failing thread */
+  /* the first call refused for its input (MC_DEVERR_BAD_EXPERT, _DUP_EXPERT, _BAD_BOUND: dispatch-send
+   * checks it), apart from the failure above: a refusal ends no wait, so that calls queued behind it
+   * before the host reads it (a graph replayed again) run as usual; ref_claimed 0 -> 1 by the first
+   * refusing thread, ref_code written last: indices[ref_token][ref_k] (its full value in ref_seen),
+   * or *bound_m = ref_value with m in ref_expected */
+  int32_t ref_claimed, ref_code, ref_token, ref_k, ref_value;
+  uint64_t ref_expected, ref_seen;
   /* the last round dropped over a declared capacity (mc_gpu_packed.cuh), apart from the claim
    * above (a drop is no failure: waits go on): rank drop_peer receives drop_rows rows, more than
    * its drop_limit; drop_seq counts the drops, written last */

@@ -116,8 +116,8 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
     if (w == 0) prefix[src + 1] = v;
     else if (w <= L) base[src * L + w - 1] = v;
   }
-  /* refused first: the pollers may have seen the refusal's own record as
-   * a failure (recorded before the outcome was written) */
+  /* refused first: a failure recorded elsewhere meanwhile may have ended
+   * some pollers' waits, and a refused call is over whatever failed */
   fail = __syncthreads_or(fail);
   if (refused) return refused;
   if (fail) return 1;

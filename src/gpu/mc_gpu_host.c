@@ -219,13 +219,10 @@ static mc_result_t drop_report(mc_a2a_t *a2a) {
                  e->drop_peer, (long long)e->drop_rows, (unsigned long long)e->drop_round, (long long)e->drop_limit);
 }
 
-static mc_result_t failure_recorded(mc_a2a_t *a2a) {
-  mc_gpu_t *g = a2a->impl;
-  volatile mc_dev_error_t *e = g->err_h;
-  int code = e->code;
-  if (code == MC_DEVERR_NONE) return MC_SUCCESS;
+/* A failure the device recorded: a wait that timed out, or a group whose
+ * ranks passed different inputs; the round cannot finish. */
+static mc_result_t failure_recorded(mc_a2a_t *a2a, volatile mc_dev_error_t *e, int code) {
   __sync_synchronize();
-  mc_result_t rc;
   if (code == MC_DEVERR_TIMEOUT) {
     char root[256];
     describe_root(a2a, e->peer, root, sizeof root);
@@ -242,33 +239,57 @@ static mc_result_t failure_recorded(mc_a2a_t *a2a) {
                    "of a group must pass the same); the round cannot finish",
                    e->slot, e->peer, e->value);
   }
+  return mc_fail(a2a->err, MC_ERR_INTERNAL, "the device recorded failure code %d in %s (a bug: please report)", code,
+                 phase_name(e->phase));
+}
+
+/* A call the device refused for its input (the first one, where several
+ * were refused before the host looked): nothing was sent, and calls queued
+ * behind it ran as usual. Reported once, then cleared. */
+static mc_result_t refusal_recorded(mc_a2a_t *a2a, volatile mc_dev_error_t *e, int code) {
+  __sync_synchronize();
+  mc_result_t rc;
   if (code == MC_DEVERR_BAD_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): indices[%d][%d]=%lld is not an expert id in 0..%d; "
                  "the round was not sent",
-                 e->token, e->k, (long long)(int64_t)e->seen, a2a->shape.num_experts - 1);
+                 e->ref_token, e->ref_k, (long long)(int64_t)e->ref_seen, a2a->shape.num_experts - 1);
   else if (code == MC_DEVERR_DUP_EXPERT)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): indices[%d] names expert %d twice (position %d); "
                  "the round was not sent",
-                 e->token, e->value, e->k);
-  else
+                 e->ref_token, e->ref_value, e->ref_k);
+  else if (code == MC_DEVERR_BAD_BOUND)
     rc = mc_fail(a2a->err, MC_ERR_INVALID_ARG,
                  "mc_dispatch (checked on the device): *bound_m=%d is not in 0..m=%llu; the round was not sent",
-                 e->value, (unsigned long long)e->expected);
+                 e->ref_value, (unsigned long long)e->ref_expected);
+  else
+    return mc_fail(a2a->err, MC_ERR_INTERNAL, "the device recorded refusal code %d (a bug: please report)", code);
   /* a refused round changed nothing on the device (but the count of
    * calls): clear and go on; if its dispatch-recv was never launched, the
    * next dispatch-send first moves dispatch-recv's count past it */
-  e->code = 0;
+  e->ref_code = 0;
   __sync_synchronize();
-  e->claimed = 0;
+  e->ref_claimed = 0;
   a2a->refused = 1;
   if (a2a->next == MC_NEXT_DISPATCH_RECV) ((mc_gpu_t *)a2a->impl)->recv_owed = 1;
   return rc;
 }
 
+/* What the device recorded since the last look: a failure first (it ends
+ * the round), then a refusal. */
+static mc_result_t device_recorded(mc_a2a_t *a2a) {
+  mc_gpu_t *g = a2a->impl;
+  volatile mc_dev_error_t *e = g->err_h;
+  const int code = e->code;
+  if (code != MC_DEVERR_NONE) return failure_recorded(a2a, e, code);
+  const int ref = e->ref_code;
+  if (ref != MC_DEVERR_NONE) return refusal_recorded(a2a, e, ref);
+  return MC_SUCCESS;
+}
+
 mc_result_t mc_gpu_failure(mc_a2a_t *a2a) {
-  const mc_result_t rc = failure_recorded(a2a);
+  const mc_result_t rc = device_recorded(a2a);
   return rc != MC_SUCCESS ? rc : drop_report(a2a);
 }
 

@@ -230,7 +230,7 @@ static mc_result_t mc_gpu_dcounts(mc_a2a_t *a2a, int64_t *rows, int32_t *expert_
   if ((rc = mc_gpu_failure(a2a)) != MC_SUCCESS) return rc; /* refused on the device, or dropped */
   const volatile int64_t *h = g->counts_h;
   if (h[0] < 0)
-    return mc_fail(a2a->err, MC_ERR_INTERNAL, "mc_dispatch_counts: the round was refused, but no failure was recorded");
+    return mc_fail(a2a->err, MC_ERR_INTERNAL, "mc_dispatch_counts: the round was refused, but no refusal or drop was recorded");
   *rows = h[0];
   for (int l = 0; expert_count && l < L; l++) expert_count[l] = ((const volatile int32_t *)(h + 1))[l];
   return MC_SUCCESS;
@@ -270,8 +270,10 @@ static mc_result_t mc_gpu_mask(mc_a2a_t *a2a, const uint8_t *mask) {
   if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: waiting for the broken round's kernels");
   volatile mc_dev_error_t *err = g->err_h;
   err->code = 0;
+  err->ref_code = 0;
   __sync_synchronize();
   err->claimed = 0;
+  err->ref_claimed = 0;
   e = cudaMemcpy(g->ws + mc_ws_mask_off(&a2a->shape), mask, (size_t)W, cudaMemcpyHostToDevice);
   if (e != cudaSuccess) return cuda_fail(a2a, e, "mc_a2a_mask_ranks: copying the mask");
   mc_kargs_t ka;

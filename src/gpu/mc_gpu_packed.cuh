@@ -109,8 +109,8 @@ MC_DEV int mc_packed_plan(const mc_kargs_t &a, const int masking, const mc_packe
  * count step's one block): every source's records awaited and left
  * unread, the round's state moved on as dispatch-recv moves it, the
  * round's combine made a no-op, the round barrier passed with every kept
- * rank, and the failure recorded last (a recorded failure makes later
- * waits give up). */
+ * rank, and the drop recorded last (apart from failures: no wait gives
+ * up for it). */
 MC_DEV void mc_packed_drop(const mc_kargs_t &a, const int masking, const mc_packed_smem_t &m, const uint64_t round,
                            const uint64_t call, const int q, const int64_t rows, const int64_t limit) {
   const mc_shape_t *s = &a.s;

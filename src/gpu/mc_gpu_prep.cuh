@@ -201,8 +201,8 @@ MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const
     const int64_t i = (int64_t)t * K + bad_k;
     const int64_t wide = a.ids64 ? ((const int64_t *)a.indices)[i] : (int64_t)((const int32_t *)a.indices)[i];
     if (!one || blockIdx.x == 0) /* one launch: every block finds it; one records it */
-      mc_dev_fail(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND,
-                  a.rank, -1, -1, t, bad_k, v, 0, (uint64_t)wide, round);
+      mc_dev_refuse(a.err, why == MC_ROUTE_OUT_OF_RANGE ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, t, bad_k, v, 0,
+                    (uint64_t)wide);
   }
   return bad_k < 0;
 }
@@ -392,7 +392,7 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
  * (the headers are the send step's); block 0 publishes and
  * stores the metas into the peers' windows. Returns
  * m_eff, or -1 where the round is refused (bad input: nothing sent; the
- * failure is recorded and MC_WS_BAD set) or this block has nothing more
+ * refusal is recorded and MC_WS_BAD set) or this block has nothing more
  * to do (chunked, not the last block). round: the round being prepared;
  * m_eff: the call's tokens (mc_call_m), checked here. */
 MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const int K, const int mode,
@@ -418,7 +418,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
     for (int i = tid; i < W; i += blockDim.x) sent[i] = 0;
   if (m_eff < 0 || m_eff > a.m) {
     if (tid == 0 && blockIdx.x == 0) {
-      mc_dev_fail(a.err, MC_DEVERR_BAD_BOUND, MC_PHASE_DSEND, a.rank, -1, -1, -1, -1, m_eff, (uint64_t)a.m, 0, round);
+      mc_dev_refuse(a.err, MC_DEVERR_BAD_BOUND, -1, -1, m_eff, (uint64_t)a.m, 0);
       mc_prep_refuse(a, one);
     }
     return -1;

@@ -45,8 +45,7 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
     if (lane == 0) bad = badm != 0;
     if (badm) {
       if (lane == __ffs(badm) - 1 && blockIdx.x == 0)
-        mc_dev_fail(a.err, oor ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, MC_PHASE_DSEND, a.rank, -1, -1, t, k,
-                    (int)(int32_t)v, 0, (uint64_t)v, round);
+        mc_dev_refuse(a.err, oor ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, t, k, (int)(int32_t)v, 0, (uint64_t)v);
     } else {
       const int rk = on ? (int)v / L : -1;
       /* every lane takes part in each warp vote: one behind a short-circuit
