@@ -177,14 +177,16 @@ MC_DEV void mc_drecv_refused(const mc_kargs_t &a) {
 }
 
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
- * payload pieces) ----
+ * payload pieces, share of the slots) ----
  * Every block waits for all metas and computes the slot bases itself (a few
  * hundred integers: cheaper than a grid-wide barrier); warps then take
- * items in (source, index) order, wait until that source's pieces have all
- * landed, read the record's targets (a lane per k), and copy their pieces
- * into every slot of this rank's experts; the warp of the first piece
- * writes the record's route entry for combine. The last block to finish
- * moves the running totals on. */
+ * items in (source, index) order, dealt to blocks first, wait until that
+ * source's pieces have all landed, read the record's targets (a lane per
+ * k), and copy their pieces into the slots of this rank's experts: every
+ * slot where the grid has no warps to spare, every G-th where it has (a
+ * decode call); the warp of the first piece and first share writes the
+ * record's route entry for combine. The last block to finish moves the
+ * running totals on. */
 MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call,
                                    const mc_drecv_pre_t &pre) {
   const mc_shape_t *s = &a.s;
@@ -200,11 +202,15 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   if (r == 2) mc_drecv_refused(a);
   if (r) return;
   const int total = (int)prefix[W];
-  const int gw = (blockIdx.x * blockDim.x + tid) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+  const int gw = (tid >> 5) * gridDim.x + blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
+  /* a record has at most min(top-k, local experts) slots here */
+  const int items = total * I, spare = items > 0 ? nw / items : 1, most = K < L ? K : L;
+  const int G = spare < 1 ? 1 : spare < most ? spare : most;
   int waited_src = -1;
-  for (int it = gw; it < total * I; it += nw) {
-    const int i = it / I, j0 = (it % I) * P, j1 = j0 + P < S ? j0 + P : S;
+  for (int it = gw; it < items * G; it += nw) {
+    const int g = it % G, ii = it / G;
+    const int i = ii / I, j0 = (ii % I) * P, j1 = j0 + P < S ? j0 + P : S;
     int src = 0, hi = W - 1; /* the last source whose records start at or before i */
     while (src < hi) {
       const int mid = (src + hi + 1) / 2;
@@ -236,6 +242,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     }
     const uint32_t km = __ballot_sync(0xffffffffu, here);
     const int n = __popc(km);
+    if (g > 0 && g >= n) continue; /* fewer slots here than shares (share 0 writes the route entry) */
     /* each piece into every slot here, a slot at a time (its expert and
      * position from the lane that read that target): no table of pointers,
      * which lived in local memory */
@@ -244,9 +251,11 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       const uint32_t bytes = mc_token_seg_bytes(s, j);
       if (j > j0) mc_warp_piece_load(v, rec + poff + po, bytes, lane);
       uint32_t rest = km;
-      for (int q = 0; q < n; q++) {
+      for (int q = 0, turn = g; q < n; q++) {
         const int from = __ffs(rest) - 1;
         rest &= rest - 1;
+        if (turn-- != 0) continue; /* another warp's slot */
+        turn = G - 1;
         const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, l, from) * cap + (uint64_t)__shfl_sync(0xffffffffu, slot, from);
         unsigned char *x = (unsigned char *)a.expert_x + at * s->token_bytes;
         mc_warp_piece_store(&x, 1, po, v, bytes, lane);
@@ -256,7 +265,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
         }
       }
     }
-    if (j0 == 0) {
+    if (j0 == 0 && g == 0) {
       mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
       if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};
       if (lane == 0) {
