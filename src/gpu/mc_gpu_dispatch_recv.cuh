@@ -301,7 +301,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
 }
 /* Dispatch-recv starts before dispatch-send has finished where it is
  * launched early (mc_gpu_launch.cuh; dispatch-send lets it start once
- * every block has prepped): it takes the round and the call's number from
+ * every block has prepped, or at the start of a decode call's one-warp
+ * prep): it takes the round and the call's number from
  * its own counts, waits for the call's outcome (MC_WS_OUTCOME), which
  * dispatch-send writes once it has checked the input, beside the metas
  * (mc_drecv_metas), and waits for its sender to finish only at its end,

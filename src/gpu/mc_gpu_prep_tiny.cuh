@@ -25,6 +25,14 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
   const mc_route_tab_t tab = mc_tab_shared(smem, s);
   uint32_t *sent = mc_one_sent(smem, s);
   __shared__ int bad;
+  /* dispatch-recv may start now: it waits for the outcome and the metas'
+   * words, never for this kernel's end, so its launch and first loads
+   * overlap the prep. The block prep lets it start only once every block
+   * has prepped (mc_gpu_prep.cuh): a receiver waiting through that prep
+   * now and then started late. This prep is a few warp votes, and the
+   * blocks a decode call does not need have left, so the receiver's
+   * blocks find SMs. */
+  mc_pdl_launch_dependents();
   mc_trace_start(&a, MC_TK_PREP);
   for (int i = tid; i < C + W; i += blockDim.x)
     smem[i] = 0;
@@ -79,7 +87,6 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
     if (tid == 0 && blockIdx.x == 0) mc_prep_refuse(a, true);
     return -1;
   }
-  mc_pdl_launch_dependents(); /* as mc_dispatch_prep_body: every block has prepped */
   if (blockIdx.x == 0) mc_prep_finish(a, 0, K, true, count, rexp, m, tab, round, 0);
   mc_trace_end(&a, MC_TK_PREP);
   return m;
