@@ -358,6 +358,48 @@ static void pr_code(pr_t *p) {
   free(ns);
 }
 
+/* 11. a launch's first reads: the parameters (a fresh launch each trial,
+ * after other code on every SM, as in step 8) and a poll's one read */
+static void pr_first(pr_t *p) {
+  const int n = p->trials, all = n + PR_WARM;
+  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 3 * (size_t)all);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  static pr_params_t prm;
+  for (int t = 0; t < all; t++) {
+    uint32_t seed = (uint32_t)t;
+    int spare = 2 * all; /* the evicting kernel's samples go past the trials' */
+    void *eargs[] = {&seed, &spare, &p->out};
+    for (int w = 0; w < PR_PARAM_WORDS; w++)
+      prm.w[w] = (uint64_t)t * PR_PARAM_WORDS + (uint64_t)w;
+    CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), eargs, 0, p->st));
+    pr_k_param<<<1, 32, 0, p->st>>>(prm, t, p->out);
+  }
+  pr_sync(p, "parameters");
+  CK(cudaMemcpy(c, p->out, sizeof *c * 3 * (size_t)all, cudaMemcpyDeviceToHost));
+  static const char *const step[3] = {"param.first", "param.other_line", "param.again"};
+  static const char *const what[3] = {
+      "one thread, the first read of a kernel parameter in a fresh launch (512 B of parameters; clock64)",
+      "the same launch, then a parameter word 256 B further (another line)",
+      "the same launch, then the first word again (a constant cache hit)"};
+  for (int j = 0; j < 3; j++) {
+    for (int t = 0; t < n; t++)
+      ns[t] = (double)c[3 * (t + PR_WARM) + j] * 1000.0 / p->mhz;
+    pr_row(p, step[j], what[j], ns, n);
+  }
+  static const char *const pstep[3] = {"poll1.acquire.sys", "poll1.acquire.gpu", "poll1.relaxed.sys"};
+  for (int op = 0; op < 3; op++) {
+    char pw[200];
+    CK(cudaMemsetAsync(p->flags, 0x11, 64, p->st));
+    pr_k_poll1<<<1, 1, 0, p->st>>>(p->flags, op, n, p->out);
+    pr_sync(p, "poll");
+    snprintf(pw, sizeof pw, "one thread, one %s read of a word in L2 that holds its value already (clock64)",
+             pstep[op] + 6);
+    pr_row_cycles(p, pstep[op], pw, n, 1);
+  }
+  free(c);
+  free(ns);
+}
+
 /* 5. a captured graph of one or two empty kernels: 1 x 32, or a block per
  * SM of 512 threads with 40 KB of dynamic shared memory; the second
  * launched as a programmatic dependent where pdl */
@@ -464,7 +506,8 @@ static void pr_usage(FILE *f) {
         "phase on this GPU: dependent loads (L2, DRAM), releases and fences at system and\n"
         "GPU scope, a flag round trip between SMs, programmatic dependent launch, kernels\n"
         "in a CUDA graph, a warp's 2 KB copy, a combine segment's sums, a block barrier\n"
-        "and count, code fetched at a launch, globaltimer's resolution.\n"
+        "and count, code fetched at a launch, a launch's first reads (its parameters, a\n"
+        "poll's one read), globaltimer's resolution.\n"
         "\n"
         "  --trials N   samples per step after warm-up (10..100000)   [200]\n"
         "  --json       one JSON object on stdout instead of the table\n"
@@ -541,6 +584,7 @@ int main(int argc, char **argv) {
   if (p.cc_major >= 9) pr_pdl(&p); /* griddepcontrol needs sm_90 */
   pr_graphs(&p);
   pr_code(&p);
+  pr_first(&p);
   p.mhz_after = pr_clock_mhz(&p);
   pr_print(&p);
   if (p.mhz_after < 0.98 * p.mhz || p.mhz_after > 1.02 * p.mhz)

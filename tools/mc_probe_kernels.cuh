@@ -461,4 +461,56 @@ static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int tria
   }
 }
 
+/* ---- 11. a launch's first reads ----
+ * A kernel's parameters sit in a constant bank written for each launch:
+ * the first read of a line of them in a launch misses the SM's constant
+ * cache. One thread reads the clock, then a parameter word at an index
+ * known only at run time (the clock's top bit, always 0), so that the read
+ * cannot be moved above the clock, 128 bytes in (away from the line the
+ * compiler reads before the clock); then a word 256 bytes further (another
+ * line), then the first word again (a hit). out[3 * trial + j], cycles.
+ * The parameters are as large as the library's argument block (304 bytes
+ * with nvcc 13) rounded up to 512. */
+#define PR_PARAM_WORDS 64
+typedef struct pr_params {
+  uint64_t w[PR_PARAM_WORDS];
+} pr_params_t;
+static __global__ void pr_k_param(pr_params_t prm, int trial, uint64_t *out) {
+  if (threadIdx.x) return;
+  const uint64_t c0 = pr_clock();
+  const int i = (int)(c0 >> 63);
+  const uint64_t v0 = prm.w[i + 16];
+  const uint64_t c1 = pr_clock_after(v0);
+  const uint64_t v1 = prm.w[i + 48 + (int)(v0 >> 63)];
+  const uint64_t c2 = pr_clock_after(v1);
+  const uint64_t v2 = prm.w[i + 16 + (int)(v1 >> 63)];
+  const uint64_t c3 = pr_clock_after(v2);
+  out[3 * trial] = c1 - c0;
+  out[3 * trial + 1] = c2 - c1;
+  out[3 * trial + 2] = c3 - c2;
+}
+/* A poll that finds its value at once: one read of a word in L2 (written
+ * before the pause), with the instruction each of the library's polls
+ * uses: ld.acquire (signals: sys, or gpu where all ranks share a GPU) and
+ * ld.relaxed (the metas' words, which carry their round). */
+static __global__ void pr_k_poll1(const uint64_t *flag, int op, int trials, uint64_t *out) {
+  for (int i = -PR_WARM; i < trials; i++) {
+    pr_spin_ns(2000);
+    asm volatile("" : "+l"(flag)); /* in a register before the clock is read */
+    uint64_t v, t0; /* the read chosen before the clock: no branch timed but the join after it */
+    if (op == 0) {
+      t0 = pr_clock();
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+    } else if (op == 1) {
+      t0 = pr_clock();
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+    } else {
+      t0 = pr_clock();
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+    }
+    const uint64_t t1 = pr_clock_after(v);
+    if (i >= 0) out[i] = t1 - t0;
+  }
+}
+
 #endif
