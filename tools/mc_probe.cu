@@ -400,6 +400,53 @@ static void pr_first(pr_t *p) {
   free(ns);
 }
 
+/* 12. the bulk of a 128-token phase of the DeepSeek-V3 layer on one GPU:
+ * a copy as dispatch-recv's (128 fp8 records of 4 pieces into 8 local
+ * experts each, on a grid of half the SMs, of which the first 32 blocks
+ * take the pieces) and combine-send's sums (128 tokens of 7 segments of
+ * bf16, 8 experts' rows each, on a block per SM, of which the first 56
+ * take them); an empty grid of each for the span of starting and ending
+ * the blocks alone */
+static void pr_bulk(pr_t *p) {
+  const int n = p->trials, all = n + PR_WARM, src_pieces = 8192; /* 16 MB of sources: the rows, in L2 */
+  int4 *src, *dst;
+  CK(cudaMalloc(&src, (size_t)src_pieces * 2048));
+  CK(cudaMalloc(&dst, (size_t)16 << 20));
+  CK(cudaMemsetAsync(src, 0x3c, (size_t)src_pieces * 2048, p->st));
+  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  static const struct {
+    const char *step;
+    int half, items, rows, fan;
+    const char *what;
+  } b[4] = {
+      {"bulk.fan8.512", 1, 512, 1, 8, "512 pieces of 2 KB from L2, each stored to 8 places (8 MB)"},
+      {"bulk.fan_empty", 1, 0, 1, 8, "the same grid, no items"},
+      {"bulk.sum8.896", 0, 896, 8, 1, "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once"},
+      {"bulk.sum_empty", 0, 0, 8, 1, "the same grid, no items"},
+  };
+  for (int k = 0; k < 4; k++) {
+    const unsigned grid = b[k].half ? (unsigned)(p->sms + 1) / 2 : (unsigned)p->sms;
+    char what[200];
+    CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
+    for (int t = 0; t < all; t++) {
+      pr_k_spin<<<1, 1, 0, p->st>>>(5000); /* the previous trial's stores drained */
+      pr_k_bulk<<<grid, 512, 0, p->st>>>(src, src_pieces, b[k].items, b[k].rows, b[k].fan, dst, t, p->out);
+    }
+    pr_sync(p, "bulk");
+    CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n; t++)
+      ns[t] = (double)(~c[2 * (t + PR_WARM) + 1] - c[2 * (t + PR_WARM)]);
+    snprintf(what, sizeof what, "%s, a warp an item, %u blocks x 512: first block start to last block end (globaltimer)",
+             b[k].what, grid);
+    pr_row(p, b[k].step, what, ns, n);
+  }
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  free(c);
+  free(ns);
+}
+
 /* 5. a captured graph of one or two empty kernels: 1 x 32, or a block per
  * SM of 512 threads with 40 KB of dynamic shared memory; the second
  * launched as a programmatic dependent where pdl */
@@ -507,7 +554,7 @@ static void pr_usage(FILE *f) {
         "GPU scope, a flag round trip between SMs, programmatic dependent launch, kernels\n"
         "in a CUDA graph, a warp's 2 KB copy, a combine segment's sums, a block barrier\n"
         "and count, code fetched at a launch, a launch's first reads (its parameters, a\n"
-        "poll's one read), globaltimer's resolution.\n"
+        "poll's one read), the bulk of a 128-token phase, globaltimer's resolution.\n"
         "\n"
         "  --trials N   samples per step after warm-up (10..100000)   [200]\n"
         "  --json       one JSON object on stdout instead of the table\n"
@@ -585,6 +632,7 @@ int main(int argc, char **argv) {
   pr_graphs(&p);
   pr_code(&p);
   pr_first(&p);
+  pr_bulk(&p);
   p.mhz_after = pr_clock_mhz(&p);
   pr_print(&p);
   if (p.mhz_after < 0.98 * p.mhz || p.mhz_after > 1.02 * p.mhz)

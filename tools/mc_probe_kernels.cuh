@@ -513,4 +513,67 @@ static __global__ void pr_k_poll1(const uint64_t *flag, int op, int trials, uint
   }
 }
 
+/* ---- 12. the bulk of a 128-token phase on one GPU: items of 2 KB, a
+ * warp each, taken block by block (item i by warp i % 16 of block i / 16:
+ * fewer items than warps fill the first blocks only), over a grid of
+ * 512-thread blocks. rows 1: a piece loaded
+ * once and stored to fan places (dispatch-recv's copy into every local
+ * expert's slot); rows > 1: rows pieces summed in fp32 and stored once
+ * (combine-send's pre-reduction). Sources in L2 (src_pieces of them, a
+ * ring), as the senders' stores leave them. Thread 0 of each block folds
+ * its start and end (%globaltimer) into out[2 * trial] (minimum start)
+ * and out[2 * trial + 1] (the complement of the latest end), both set to
+ * all ones before: first block start to last block end. ---- */
+static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src_pieces, int items, int rows, int fan,
+                                                      int4 *dst, int trial, uint64_t *out) {
+  const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+  if (threadIdx.x == 0) atomicMin((unsigned long long *)&out[2 * trial], (unsigned long long)pr_gtimer());
+  for (int it = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); it < items; it += warps) {
+    int4 v[4];
+    if (rows == 1) {
+      const int4 *sp = src + (uint64_t)(it % src_pieces) * 128;
+#pragma unroll
+      for (int q = 0; q < 4; q++) v[q] = sp[lane + 32 * q];
+      for (int j = 0; j < fan; j++) {
+        int4 *d = dst + ((uint64_t)j * items + it) * 128;
+#pragma unroll
+        for (int q = 0; q < 4; q++) d[lane + 32 * q] = v[q];
+      }
+      continue;
+    }
+    float acc[4][8];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    for (int r = 0; r < rows; r += 2) { /* two rows' loads in flight, as in step 9 */
+      int4 w[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        if (r + j < rows) {
+          const int4 *sp = src + (uint64_t)(((uint64_t)it * rows + r + j) % src_pieces) * 128;
+#pragma unroll
+          for (int q = 0; q < 4; q++) w[j][q] = pr_ld_v4(sp + lane + 32 * q);
+        }
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        if (r + j < rows)
+#pragma unroll
+          for (int q = 0; q < 4; q++) pr_acc16(acc[q], 0.25f + (float)(r + j), w[j][q]);
+    }
+    int4 *d = dst + (uint64_t)it * 128;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int4 o;
+      o.x = (int)(pr_to_bf16(acc[q][0]) | pr_to_bf16(acc[q][1]) << 16);
+      o.y = (int)(pr_to_bf16(acc[q][2]) | pr_to_bf16(acc[q][3]) << 16);
+      o.z = (int)(pr_to_bf16(acc[q][4]) | pr_to_bf16(acc[q][5]) << 16);
+      o.w = (int)(pr_to_bf16(acc[q][6]) | pr_to_bf16(acc[q][7]) << 16);
+      d[lane + 32 * q] = o;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMin((unsigned long long *)&out[2 * trial + 1], ~(unsigned long long)pr_gtimer());
+}
+
 #endif
