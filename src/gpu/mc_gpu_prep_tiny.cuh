@@ -14,7 +14,7 @@
  * over K and the block-wide scans, whose dependent chains are most of a
  * decode batch's prep. Leaves in shared memory what
  * mc_dispatch_prep_body does; the same slots (token order) and the same
- * failure records (the first bad k of the first bad token). Returns m, or
+ * refusal records (the first bad k of the first bad token). Returns m, or
  * -1 where refused. */
 MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, const int m) {
   const mc_shape_t *s = &a.s;
