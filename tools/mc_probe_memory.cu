@@ -1,123 +1,11 @@
-/* mc_probe_kernels.cuh - the kernels of mc-probe (tools/mc_probe.cu). Each
- * times one elementary step of a latency-bound dispatch or combine phase,
- * performed with the instructions src/gpu/mc_dev.cuh uses, and writes one
- * sample per trial after PR_WARM untimed ones. Steps on one SM are timed
- * with %clock64 (SM cycles; the host converts them with the SM clock it
- * measures against %globaltimer); steps that span SMs or kernels with
- * %globaltimer, one clock for the whole GPU. Every wait ends: polls give up
- * after PR_DEADLINE_NS and say so in *fail, timed spins stop by
- * %globaltimer or after as many polls as nanoseconds. */
-#ifndef MC_PROBE_KERNELS_CUH
-#define MC_PROBE_KERNELS_CUH
+/* mc_probe_memory.cu - mc-probe's steps of memory: dependent loads (1),
+ * releases and fences (2), a flag between SMs (3), a warp's piece copy and
+ * the block barrier (6), a combine segment's sums (9), a block's count
+ * (10), the bulk of a 128-token phase over a grid (12): their kernels, then
+ * the host side that runs them. */
+#include <string.h>
 
-#include <stdint.h>
-
-#define PR_DEV static __device__ __forceinline__
-#define PR_DEADLINE_NS 1000000000ull
-#define PR_WARM 16
-#define PR_BATCH 1000 /* round trips kept in shared memory between copies out */
-
-/* Timer reads are asm volatile with a memory clobber: the compiler keeps
- * every memory access on its side of them. */
-PR_DEV uint64_t pr_clock(void) {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
-}
-PR_DEV uint64_t pr_gtimer(void) {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-/* The clock once v has arrived. A clock read does not wait for a load in
- * flight; the shared store reads v, so the warp stalls there until the load
- * that produced v returns, and the clock is read after it. */
-PR_DEV uint64_t pr_clock_after(uint64_t v) {
-  __shared__ uint64_t sink;
-  asm volatile("st.volatile.shared.u64 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(&sink)), "l"(v) : "memory");
-  return pr_clock();
-}
-/* Wait ns by %globaltimer (at most ns polls, should it stand still);
- * returns the last reading. */
-PR_DEV uint64_t pr_spin_ns(uint64_t ns) {
-  const uint64_t t0 = pr_gtimer();
-  uint64_t t = t0;
-  for (uint64_t it = 0; it < ns && t - t0 < ns; it++)
-    t = pr_gtimer();
-  return t;
-}
-
-PR_DEV uint64_t pr_ld_cg(const uint64_t *p) {
-  uint64_t v;
-  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-PR_DEV uint64_t pr_ld_relaxed_gpu(const uint64_t *p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-/* the signal operations of mc_dev.cuh, at the scope sys asks for */
-PR_DEV uint64_t pr_ld_acquire(const uint64_t *p, int sys) {
-  uint64_t v;
-  if (sys)
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  else
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-PR_DEV void pr_st_release(uint64_t *p, uint64_t v, int sys) {
-  if (sys)
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-  else
-    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-/* 16-byte accesses as a piece copy makes them (plain ld.global: through L1) */
-PR_DEV int4 pr_ld_v4(const int4 *p) {
-  int4 v;
-  asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-PR_DEV void pr_st_v4(int4 *p, int4 v) {
-  asm volatile("st.global.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-PR_DEV void pr_launch_dependents(void) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-PR_DEV void pr_dep_wait(void) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-/* ---- calibration: SM cycles against globaltimer nanoseconds ---- */
-static __global__ void pr_k_clock(uint64_t *out, uint64_t ns) {
-  const uint64_t g0 = pr_gtimer(), c0 = pr_clock();
-  const uint64_t g1 = pr_spin_ns(ns), c1 = pr_clock();
-  out[0] = g1 - g0;
-  out[1] = c1 - c0;
-}
-
-/* Keeps the GPU busy while the host queues what follows, so that no
- * measured gap waits for the host. */
-static __global__ void pr_k_spin(uint64_t ns) { pr_spin_ns(ns); }
-
-/* ---- 7. globaltimer: the steps it moves in, read back to back ---- */
-static __global__ void pr_k_gtres(uint64_t *out, int n) {
-  uint64_t prev = pr_gtimer();
-  int got = 0;
-  for (uint32_t it = 0; it < (1u << 26) && got < n; it++) {
-    const uint64_t t = pr_gtimer();
-    if (t != prev) out[1 + got++] = t - prev;
-    prev = t;
-  }
-  out[0] = (uint64_t)got;
-}
+#include "mc_probe.h"
 
 /* ---- 1. dependent loads ----
  * Every word of the buffer is written, front to back as a grid-stride loop
@@ -287,36 +175,6 @@ static __global__ void pr_k_pingpong(uint64_t *flags, int sys, int nap, int n, u
   }
 }
 
-/* ---- 4. programmatic dependent launch ----
- * rec per trial: [0] the primary's last launch_dependents, [1] its last
- * block's end, [2] and [3] the secondary's first and last block start, [4]
- * the last of its griddepcontrol.wait to return; all %globaltimer. Each
- * primary block triggers at its start and then spins spin_ns. */
-static __global__ void __launch_bounds__(512) pr_k_primary(uint64_t *rec, uint64_t spin_ns) {
-  if (threadIdx.x == 0) atomicMax((unsigned long long *)&rec[0], (unsigned long long)pr_gtimer());
-  pr_launch_dependents();
-  if (threadIdx.x == 0) pr_spin_ns(spin_ns);
-  __syncthreads();
-  if (threadIdx.x == 0) atomicMax((unsigned long long *)&rec[1], (unsigned long long)pr_gtimer());
-}
-static __global__ void __launch_bounds__(512) pr_k_secondary(uint64_t *rec) {
-  if (threadIdx.x == 0) {
-    const unsigned long long t = pr_gtimer();
-    atomicMin((unsigned long long *)&rec[2], t);
-    atomicMax((unsigned long long *)&rec[3], t);
-  }
-  pr_dep_wait();
-  if (threadIdx.x == 0) atomicMax((unsigned long long *)&rec[4], (unsigned long long)pr_gtimer());
-}
-
-/* ---- 5. graph replays: an empty kernel. Its trigger at the start and wait
- * at the end are no-ops unless it is launched as half of a programmatic
- * pair, where they are what the library's pair does. ---- */
-static __global__ void pr_k_empty(void) {
-  pr_launch_dependents();
-  pr_dep_wait();
-}
-
 /* ---- 6. a warp's 2 KB piece, global to global, and the block barrier ----
  * Trial i copies piece i % pieces (step16 16-byte units apart) to dst: each
  * lane's four 16-byte loads in flight together, then its four stores, a
@@ -354,32 +212,6 @@ static __global__ void __launch_bounds__(512) pr_k_barrier(int n, int trials, ui
   }
 }
 
-/* ---- 8. code fetched: one warp through N steps of straight-line code, a
- * dependent rotate and add each, twice in one launch: the first pass
- * fetches the code, the second runs it from the SM's instruction caches,
- * where it fits. The difference is what a kernel pays for its code once
- * per launch (the chain is dependent, so the fetcher may run ahead of it:
- * a lower bound). out[2 * trial + pass], cycles; the chain starts after the
- * first clock read (it takes in a bit of it) and the second waits for its
- * end. ---- */
-#define PR_CODE_KERNEL(name, N)                                                                                      \
-  static __global__ void __launch_bounds__(32) name(uint32_t seed, int trial, uint64_t *out) {                       \
-    uint32_t x = seed + threadIdx.x;                                                                                 \
-    _Pragma("unroll 1") for (int pass = 0; pass < 2; pass++) {                                                       \
-      const uint64_t c0 = pr_clock();                                                                                \
-      x += (uint32_t)(c0 >> 63);                                                                                     \
-      _Pragma("unroll") for (int i = 0; i < (N); i++) x = __funnelshift_l(x, x, 1 + i % 31) + i * 2654435761u;        \
-      const uint64_t c1 = pr_clock_after(x);                                                                         \
-      if (threadIdx.x == 0) out[2 * trial + pass] = c1 - c0;                                                         \
-    }                                                                                                                \
-  }
-PR_CODE_KERNEL(pr_k_code128, 128)
-PR_CODE_KERNEL(pr_k_code512, 512)
-PR_CODE_KERNEL(pr_k_code2048, 2048)
-/* other code, launched on every SM before each trial: what a round's other
- * kernels do to the SM's instruction caches */
-PR_CODE_KERNEL(pr_k_code_evict, 8192)
-
 /* ---- 9. a combine segment's sums: one warp, rows of 2 KB of bf16 (8
  * values a 16-byte load, four a lane), summed in fp32 as the kernels do
  * (each w * x rounded, then added: no fused multiply-add), two rows' loads
@@ -400,6 +232,15 @@ PR_DEV void pr_acc16(float acc[8], float w, int4 v) {
     acc[2 * e] = __fadd_rn(acc[2 * e], __fmul_rn(w, pr_bf16_lo(x[e])));
     acc[2 * e + 1] = __fadd_rn(acc[2 * e + 1], __fmul_rn(w, pr_bf16_hi(x[e])));
   }
+}
+/* a lane's 8 sums rounded to bf16, two a word */
+PR_DEV int4 pr_pack_bf16(const float acc[8]) {
+  int4 o;
+  o.x = (int)(pr_to_bf16(acc[0]) | pr_to_bf16(acc[1]) << 16);
+  o.y = (int)(pr_to_bf16(acc[2]) | pr_to_bf16(acc[3]) << 16);
+  o.z = (int)(pr_to_bf16(acc[4]) | pr_to_bf16(acc[5]) << 16);
+  o.w = (int)(pr_to_bf16(acc[6]) | pr_to_bf16(acc[7]) << 16);
+  return o;
 }
 static __global__ void pr_k_sum(const int4 *src, uint64_t step16, int pieces, int rows, int4 *dst, int trials,
                                 uint64_t *out) {
@@ -429,14 +270,7 @@ static __global__ void pr_k_sum(const int4 *src, uint64_t step16, int pieces, in
           for (int q = 0; q < 4; q++) pr_acc16(acc[q], 0.25f + (float)(r + j), v[j][q]);
     }
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int4 o;
-      o.x = (int)(pr_to_bf16(acc[q][0]) | pr_to_bf16(acc[q][1]) << 16);
-      o.y = (int)(pr_to_bf16(acc[q][2]) | pr_to_bf16(acc[q][3]) << 16);
-      o.z = (int)(pr_to_bf16(acc[q][4]) | pr_to_bf16(acc[q][5]) << 16);
-      o.w = (int)(pr_to_bf16(acc[q][6]) | pr_to_bf16(acc[q][7]) << 16);
-      pr_st_v4(dst + lane + 32 * q, o);
-    }
+    for (int q = 0; q < 4; q++) pr_st_v4(dst + lane + 32 * q, pr_pack_bf16(acc[q]));
     __threadfence();
     const uint64_t t1 = pr_clock_after(pr_ld_relaxed_gpu((const uint64_t *)(dst + lane)));
     if (lane == 0 && i >= 0) out[i] = t1 - t0;
@@ -458,58 +292,6 @@ static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int tria
       const uint64_t t1 = pr_clock_after(v);
       if (i >= 0) out[i] = t1 - t0;
     }
-  }
-}
-
-/* ---- 11. a launch's first reads ----
- * A kernel's parameters sit in a constant bank written for each launch:
- * the first read of a line of them in a launch misses the SM's constant
- * cache. One thread reads the clock, then a parameter word at an index
- * known only at run time (the clock's top bit, always 0), so that the read
- * cannot be moved above the clock, 128 bytes in (away from the line the
- * compiler reads before the clock); then a word 256 bytes further (another
- * line), then the first word again (a hit). out[3 * trial + j], cycles.
- * The parameters are as large as the library's argument block (304 bytes
- * with nvcc 13) rounded up to 512. */
-#define PR_PARAM_WORDS 64
-typedef struct pr_params {
-  uint64_t w[PR_PARAM_WORDS];
-} pr_params_t;
-static __global__ void pr_k_param(pr_params_t prm, int trial, uint64_t *out) {
-  if (threadIdx.x) return;
-  const uint64_t c0 = pr_clock();
-  const int i = (int)(c0 >> 63);
-  const uint64_t v0 = prm.w[i + 16];
-  const uint64_t c1 = pr_clock_after(v0);
-  const uint64_t v1 = prm.w[i + 48 + (int)(v0 >> 63)];
-  const uint64_t c2 = pr_clock_after(v1);
-  const uint64_t v2 = prm.w[i + 16 + (int)(v1 >> 63)];
-  const uint64_t c3 = pr_clock_after(v2);
-  out[3 * trial] = c1 - c0;
-  out[3 * trial + 1] = c2 - c1;
-  out[3 * trial + 2] = c3 - c2;
-}
-/* A poll that finds its value at once: one read of a word in L2 (written
- * before the pause), with the instruction each of the library's polls
- * uses: ld.acquire (signals: sys, or gpu where all ranks share a GPU) and
- * ld.relaxed (the metas' words, which carry their round). */
-static __global__ void pr_k_poll1(const uint64_t *flag, int op, int trials, uint64_t *out) {
-  for (int i = -PR_WARM; i < trials; i++) {
-    pr_spin_ns(2000);
-    asm volatile("" : "+l"(flag)); /* in a register before the clock is read */
-    uint64_t v, t0; /* the read chosen before the clock: no branch timed but the join after it */
-    if (op == 0) {
-      t0 = pr_clock();
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-    } else if (op == 1) {
-      t0 = pr_clock();
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-    } else {
-      t0 = pr_clock();
-      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-    }
-    const uint64_t t1 = pr_clock_after(v);
-    if (i >= 0) out[i] = t1 - t0;
   }
 }
 
@@ -563,17 +345,170 @@ static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src
     }
     int4 *d = dst + (uint64_t)it * 128;
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int4 o;
-      o.x = (int)(pr_to_bf16(acc[q][0]) | pr_to_bf16(acc[q][1]) << 16);
-      o.y = (int)(pr_to_bf16(acc[q][2]) | pr_to_bf16(acc[q][3]) << 16);
-      o.z = (int)(pr_to_bf16(acc[q][4]) | pr_to_bf16(acc[q][5]) << 16);
-      o.w = (int)(pr_to_bf16(acc[q][6]) | pr_to_bf16(acc[q][7]) << 16);
-      d[lane + 32 * q] = o;
-    }
+    for (int q = 0; q < 4; q++) d[lane + 32 * q] = pr_pack_bf16(acc[q]);
   }
   __syncthreads();
   if (threadIdx.x == 0) atomicMin((unsigned long long *)&out[2 * trial + 1], ~(unsigned long long)pr_gtimer());
 }
 
-#endif
+/* ---- the host side ---- */
+
+/* 1. dependent loads: a ring of 2 MB (L2 hits) and a fresh walk through a
+ * buffer of four times L2 and more (DRAM misses). Also 6: a warp's piece
+ * copy from either, and the block barrier. */
+void pr_loads_copy(pr_t *p) {
+  const int n = p->trials, chain_l2 = 64, chain_dram = 32;
+  const uint64_t sw = PR_CHASE_STRIDE / 8, nodes = (uint64_t)(n + PR_WARM) * chain_dram;
+  const uint64_t copy_off = (nodes * PR_CHASE_STRIDE + 4095) / 4096 * 4096; /* bytes: the copies' fresh pieces */
+  const uint64_t words = ((copy_off + (uint64_t)(n + PR_WARM) * 4096 + 4 * p->l2) / 8 / sw + 1) * sw;
+  uint64_t *big;
+  char what[200];
+  CK(cudaMalloc(&big, words * 8));
+  pr_k_chase_init<<<4 * p->sms, 512, 0, p->st>>>(big, words, sw, words);
+  pr_k_chase_init<<<p->sms, 512, 0, p->st>>>(p->small, PR_SMALL_BYTES / 8, sw, PR_SMALL_BYTES / 8 / sw * sw);
+  pr_k_chase<<<1, 1, 0, p->st>>>(p->small, chain_l2, n, p->out);
+  pr_sync(p, "chase L2");
+  snprintf(what, sizeof what, "one thread, ld.global.cg, chain of %d through a 2 MB ring, per load (clock64)",
+           chain_l2);
+  pr_row_cycles(p, "load.l2_hit", what, n, chain_l2);
+  pr_k_chase<<<1, 1, 0, p->st>>>(big, chain_dram, n, p->out);
+  pr_sync(p, "chase DRAM");
+  snprintf(what, sizeof what, "the same, chain of %d, %d B apart, never revisited, buffer %.0f MB (L2 %.0f MB)",
+           chain_dram, PR_CHASE_STRIDE, words * 8 / 1e6, p->l2 / 1e6);
+  pr_row_cycles(p, "load.dram_miss", what, n, chain_dram);
+
+  pr_k_copy<<<1, 32, 0, p->st>>>((const int4 *)p->small, 128, PR_SMALL_BYTES / 2048, p->dst, n, p->out);
+  pr_sync(p, "copy L2");
+  pr_row_cycles(p, "copy2K.src_l2",
+                "warp: 4x16 B loads a lane in flight, 4 stores, __threadfence, read of a stored word (clock64)", n, 1);
+  pr_k_copy<<<1, 32, 0, p->st>>>((const int4 *)((char *)big + copy_off), 256, n + PR_WARM, p->dst, n, p->out);
+  pr_sync(p, "copy DRAM");
+  pr_row_cycles(p, "copy2K.src_dram", "the same, each source a fresh piece of the DRAM buffer", n, 1);
+  CK(cudaFree(big));
+
+  /* 9: a combine segment's sums, one row (combine-recv's, one source) and
+   * eight (combine-send's, top-k 8 on one rank) */
+  for (int rows = 1; rows <= 8; rows += 7) {
+    char step[40];
+    pr_k_sum<<<1, 32, 0, p->st>>>((const int4 *)p->small, 128, PR_SMALL_BYTES / 2048, rows, p->dst, n, p->out);
+    pr_sync(p, "sums");
+    snprintf(step, sizeof step, "sum%d.2K.src_l2", rows);
+    snprintf(what, sizeof what,
+             "warp: %d row%s of 2 KB bf16 from L2 summed in fp32 (%s), rounded, stored, __threadfence, read back "
+             "(clock64)",
+             rows, rows > 1 ? "s" : "", rows > 1 ? "two rows' loads in flight" : "its loads in flight");
+    pr_row_cycles(p, step, what, n, 1);
+  }
+
+  pr_k_barrier<<<1, 512, 0, p->st>>>(1000, n, p->out);
+  pr_sync(p, "barrier");
+  pr_row_cycles(p, "syncthreads.512", "__syncthreads of 512 threads, chain of 1000, per barrier (clock64)", n, 1000);
+  /* 10: the count every block makes at a kernel's end (a fresh word: the
+   * counter of p->flags' last line) */
+  pr_k_count<<<1, 512, 0, p->st>>>((unsigned *)(p->flags + 16), n, p->out);
+  pr_sync(p, "count");
+  pr_row_cycles(p, "count.block",
+                "thread 0: a __syncthreads of 512, then an atomicAdd on a global word until its value is back "
+                "(clock64)",
+                n, 1);
+}
+
+/* 2. releases and fences, after nothing, a warp's 2 KB, a block's 32 KB */
+void pr_release(pr_t *p) {
+  static const char *const op[PR_OPS] = {"ld.relaxed.gpu",  "st.release.sys", "red.release.sys",  "st.release.gpu",
+                                         "red.release.gpu", "fence.sc.sys",   "fence.acq_rel.gpu"};
+  static const char *const ctx[PR_CTXS] = {"", "/warp2K", "/block32K"};
+  static const char *const ctx_what[PR_CTXS] = {"", " after its warp stored 2 KB (__syncwarp)",
+                                                " after 16 warps stored 2 KB each (__syncthreads)"};
+  for (int c = 0; c < PR_CTXS; c++)
+    for (int o = c ? 1 : 0; o < PR_OPS; o++) {
+      char step[40], what[200];
+      pr_k_release<<<1, 512, 0, p->st>>>(o, c, p->flags, p->dst, p->trials, p->out);
+      pr_sync(p, "release");
+      snprintf(step, sizeof step, "%s%s", op[o], ctx[c]);
+      snprintf(what, sizeof what, "%s, thread 0%s (clock64)",
+               o ? "the op, then a relaxed read of its word" : "a relaxed read of a word alone", ctx_what[c]);
+      pr_row_cycles(p, step, what, p->trials, 1);
+    }
+}
+
+/* 3. one-way flag latency between two SMs: half a round trip */
+void pr_flags(pr_t *p) {
+  int per_sm = 0, optin = 0;
+  CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p->dev));
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->dev));
+  int smem = per_sm / 2 + 1024;
+  if (smem > optin) smem = optin;
+  if (smem < PR_BATCH * 4) smem = PR_BATCH * 4;
+  CK(cudaFuncSetAttribute(pr_k_pingpong, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int n = (p->trials + PR_BATCH - 1) / PR_BATCH * PR_BATCH; /* at least 1000 exchanges */
+  uint32_t *c = (uint32_t *)pr_malloc(sizeof *c * (size_t)n);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  for (int v = 0; v < 4; v++) {
+    const int sys = v < 2, nap = v & 1;
+    uint32_t sm[2];
+    char step[40], what[200];
+    CK(cudaMemsetAsync(p->flags, 0, 256, p->st));
+    pr_k_pingpong<<<2, 32, (size_t)smem, p->st>>>(p->flags, sys, nap, n, (uint32_t *)p->out, (uint32_t *)(p->out + n),
+                                                  p->fail);
+    pr_sync(p, "flag round trip");
+    CK(cudaMemcpy(c, p->out, sizeof *c * (size_t)n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sm, p->out + n, sizeof sm, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+      ns[i] = c[i] * 1000.0 / p->mhz / 2;
+    snprintf(step, sizeof step, "flag.one_way.%s%s", sys ? "sys" : "gpu", nap ? ".nap" : "");
+    snprintf(what, sizeof what, "round trip / 2, st.release.%s + ld.acquire.%s polls%s, SMs %u and %u%s (clock64)",
+             sys ? "sys" : "gpu", sys ? "sys" : "gpu", nap ? " with __nanosleep 32..128 ns" : "", sm[0], sm[1],
+             sm[0] == sm[1] ? " (ONE SM: not what is meant)" : "");
+    pr_row(p, step, what, ns, n);
+  }
+  free(c);
+  free(ns);
+}
+
+/* 12. the bulk of a 128-token phase of the DeepSeek-V3 layer on one GPU:
+ * a copy as dispatch-recv's (128 fp8 records of 4 pieces into 8 local
+ * experts each, on a grid of half the SMs, of which the first 32 blocks
+ * take the pieces) and combine-send's sums (128 tokens of 7 segments of
+ * bf16, 8 experts' rows each, on a block per SM, of which the first 56
+ * take them); an empty grid of each for the span of starting and ending
+ * the blocks alone */
+void pr_bulk(pr_t *p) {
+  const int n = p->trials, all = n + PR_WARM, src_pieces = 8192; /* 16 MB of sources: the rows, in L2 */
+  int4 *src, *dst;
+  CK(cudaMalloc(&src, (size_t)src_pieces * 2048));
+  CK(cudaMalloc(&dst, (size_t)16 << 20));
+  CK(cudaMemsetAsync(src, 0x3c, (size_t)src_pieces * 2048, p->st));
+  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  static const struct {
+    const char *step;
+    int half, items, rows, fan;
+    const char *what;
+  } b[4] = {
+      {"bulk.fan8.512", 1, 512, 1, 8, "512 pieces of 2 KB from L2, each stored to 8 places (8 MB)"},
+      {"bulk.fan_empty", 1, 0, 1, 8, "the same grid, no items"},
+      {"bulk.sum8.896", 0, 896, 8, 1, "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once"},
+      {"bulk.sum_empty", 0, 0, 8, 1, "the same grid, no items"},
+  };
+  for (int k = 0; k < 4; k++) {
+    const unsigned grid = b[k].half ? (unsigned)(p->sms + 1) / 2 : (unsigned)p->sms;
+    char what[200];
+    CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
+    for (int t = 0; t < all; t++) {
+      pr_k_spin<<<1, 1, 0, p->st>>>(5000); /* the previous trial's stores drained */
+      pr_k_bulk<<<grid, 512, 0, p->st>>>(src, src_pieces, b[k].items, b[k].rows, b[k].fan, dst, t, p->out);
+    }
+    pr_sync(p, "bulk");
+    CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n; t++)
+      ns[t] = (double)(~c[2 * (t + PR_WARM) + 1] - c[2 * (t + PR_WARM)]);
+    snprintf(what, sizeof what, "%s, a warp an item, %u blocks x 512: first block start to last block end (globaltimer)",
+             b[k].what, grid);
+    pr_row(p, b[k].step, what, ns, n);
+  }
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  free(c);
+  free(ns);
+}
