@@ -63,6 +63,36 @@ MC_DEV mc_drecv_pre_t mc_drecv_prefetch(const mc_kargs_t &a) {
   return p;
 }
 
+/* The slot bases, once every source's meta words are in base[src][l]
+ * (src's records to local expert l) and prefix[src + 1] (src's records):
+ * base[src][l] becomes where src's records to l start among that expert's,
+ * prefix[src] where src's records start among all, then a barrier. Each
+ * local expert's records: into expert_count and the load statistics
+ * (block 0), or with packed into ecount[] for the caller. */
+MC_DEV void mc_drecv_bases(const mc_kargs_t &a, const int packed, uint32_t *base, uint32_t *prefix, uint32_t *ecount) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, L = mc_num_local_experts(s), tid = threadIdx.x;
+  uint64_t *load = (uint64_t *)(a.ws + mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
+  for (int l = tid; l < L; l += blockDim.x) {
+    uint32_t run = 0;
+    for (int src = 0; src < W; src++) {
+      const uint32_t n = base[src * L + l];
+      base[src * L + l] = run;
+      run += n;
+    }
+    if (packed) ecount[l] = run;
+    else if (blockIdx.x == 0) { /* stores and a reduction: nothing here waits for memory */
+      a.expert_count[l] = (int32_t)run;
+      atomicAdd((unsigned long long *)&load[l], (unsigned long long)run);
+    }
+  }
+  if (tid == 0) {
+    prefix[0] = 0;
+    for (int src = 0; src < W; src++) prefix[src + 1] += prefix[src];
+  }
+  __syncthreads();
+}
+
 /* Every block's first steps, in every layout: the call's outcome and
  * every word of every source's meta awaited together (thread 0 waits for
  * the outcome, which dispatch-send writes before its metas, then for its
@@ -71,13 +101,9 @@ MC_DEV mc_drecv_pre_t mc_drecv_prefetch(const mc_kargs_t &a) {
  * come), the running totals kept, each word's value kept where the scans
  * read it (a poll is a memory latency: the first was issued at the
  * kernel's start, and all are in flight together), the group digests
- * compared, and the scans over sources made in shared memory:
- * base[src][l], where src's records to local expert l start among that
- * expert's; prefix[src], where src's records start among all of them.
- * Each local expert's records: into expert_count and the load statistics
- * (block 0), or with packed into ecount[] for the caller, which reads the
- * other words it needs from the window (every word has arrived by then).
- * Nothing is written outside shared memory before the outcome is known.
+ * compared, and the slot bases made in shared memory (mc_drecv_bases;
+ * with packed the caller reads the other words it needs from the window:
+ * every word has arrived by then). Nothing is written outside shared memory before the outcome is known.
  * Returns 0 where the round goes on, 1 where it cannot (the failure is
  * recorded), 2 where the call was refused (nothing comes; the caller
  * counts it), 3 where the outcome is a later call's (nothing to do). */
@@ -140,25 +166,7 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
     if (__syncthreads_or(fail)) return 1;
   }
   mc_trace_point(&a, MC_TK_DRECV, 0);
-  uint64_t *load = (uint64_t *)(a.ws + mc_ws_load_off(s)); /* mc_a2a_get_expert_load's sums */
-  for (int l = tid; l < L; l += blockDim.x) {
-    uint32_t run = 0;
-    for (int src = 0; src < W; src++) {
-      const uint32_t n = base[src * L + l];
-      base[src * L + l] = run;
-      run += n;
-    }
-    if (packed) ecount[l] = run;
-    else if (blockIdx.x == 0) { /* stores and a reduction: nothing here waits for memory */
-      a.expert_count[l] = (int32_t)run;
-      atomicAdd((unsigned long long *)&load[l], (unsigned long long)run);
-    }
-  }
-  if (tid == 0) {
-    prefix[0] = 0;
-    for (int src = 0; src < W; src++) prefix[src + 1] += prefix[src];
-  }
-  __syncthreads();
+  mc_drecv_bases(a, packed, base, prefix, ecount);
   mc_trace_point(&a, MC_TK_DRECV, 1);
   return 0;
 }
@@ -197,7 +205,6 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   extern __shared__ uint32_t smem[];
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
-  mc_trace_start(&a, MC_TK_DRECV);
   const int r = mc_drecv_metas(a, masking, round, call, 0, pre, seen, base, prefix, NULL);
   if (r == 2) mc_drecv_refused(a);
   if (r) return;
@@ -312,6 +319,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
 MC_DEV uint64_t mc_drecv_round(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) + 1; }
 MC_DEV uint64_t mc_drecv_call(const mc_kargs_t &a) { return *(volatile uint64_t *)mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) + 1; }
 MC_DEV void mc_dispatch_recv_kernel(const mc_kargs_t &a, const int masking) {
+  mc_trace_start(&a, MC_TK_DRECV); /* the kernel's start, before its first loads */
   const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
   mc_dispatch_recv_body(a, masking, round, call, pre);

@@ -169,7 +169,6 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
   const int P = a.recv_pieces, I = (S + P - 1) / P;
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
-  mc_trace_start(&a, MC_TK_DRECV);
   const int r = mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount);
   if (r == 2) mc_drecv_refused(a);
   if (r) return;
@@ -299,6 +298,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
 }
 
 MC_DEV void mc_dispatch_recv_packed_kernel(const mc_kargs_t &a, const int masking) {
+  mc_trace_start(&a, MC_TK_DRECV); /* the kernel's start, before its first loads */
   const mc_drecv_pre_t pre = mc_drecv_prefetch(a);
   const uint64_t round = mc_drecv_round(a), call = mc_drecv_call(a);
   mc_dispatch_recv_packed_body(a, masking, round, call, pre);
