@@ -6,9 +6,10 @@
  * and a launch's first reads, the timer itself), so that a per-microsecond
  * ledger of a phase can cite a measurement of every step taken in the same
  * run. Median, p99 and minimum over many trials after warm-up. Needs
- * nothing of the library. This file: the SM clock, the timer's resolution,
- * the table and main; the steps are in mc_probe_memory.cu and
- * mc_probe_launch.cu (mc_probe.h). */
+ * nothing of the library but its headers (the prep step runs its code).
+ * This file: the SM clock, the timer's resolution, the table and main; the
+ * steps are in mc_probe_memory.cu, mc_probe_launch.cu and
+ * mc_probe_prep.cu (mc_probe.h). */
 #include <getopt.h>
 #include <string.h>
 #include <time.h>
@@ -250,6 +251,8 @@ int main(int argc, char **argv) {
   pr_code(&p);
   pr_first(&p);
   pr_bulk(&p);
+  pr_prep(&p);
+  pr_bases(&p);
   p.mhz_after = pr_clock_mhz(&p);
   pr_print(&p);
   if (p.mhz_after < 0.98 * p.mhz || p.mhz_after > 1.02 * p.mhz)

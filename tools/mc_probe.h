@@ -9,7 +9,8 @@
  * stop by %globaltimer or after as many polls as nanoseconds.
  *   mc_probe.cu         the run: the SM clock, the timer's resolution, the table, main
  *   mc_probe_memory.cu  loads, releases and fences, flags, copies, sums, counts, the bulk of a phase
- *   mc_probe_launch.cu  dependent launches, graph replays, code fetched, a launch's first reads */
+ *   mc_probe_launch.cu  dependent launches, graph replays, code fetched, a launch's first reads
+ *   mc_probe_prep.cu    the block prep and the slot bases, by the library's own functions */
 #ifndef MC_PROBE_H
 #define MC_PROBE_H
 
@@ -103,7 +104,7 @@ PR_DEV void pr_dep_wait(void) {
 
 
 /* ---- the host side ---- */
-#define PR_ROWS 64
+#define PR_ROWS 96
 #define PR_PDL_SPIN_NS 20000
 #define PR_CHASE_STRIDE 4160 /* bytes between nodes: a few KB, not a power of two (no shared cache sets) */
 #define PR_SMALL_BYTES (2u << 20)
@@ -154,5 +155,8 @@ void pr_pdl(pr_t *p);
 void pr_graphs(pr_t *p);
 void pr_code(pr_t *p);
 void pr_first(pr_t *p);
+/* mc_probe_prep.cu: steps 13 and 14 */
+void pr_prep(pr_t *p);
+void pr_bases(pr_t *p);
 
 #endif

@@ -10,8 +10,10 @@
  * rec per trial: [0] the primary's last launch_dependents, [1] its last
  * block's end, [2] and [3] the secondary's first and last block start, [4]
  * the last of its griddepcontrol.wait to return; all %globaltimer. Each
- * primary block triggers at its start and then spins spin_ns. */
-static __global__ void __launch_bounds__(512) pr_k_primary(uint64_t *rec, uint64_t spin_ns) {
+ * primary block below stay triggers at its start and then spins spin_ns;
+ * the others leave at once. */
+static __global__ void __launch_bounds__(512) pr_k_primary(uint64_t *rec, uint64_t spin_ns, unsigned stay) {
+  if (blockIdx.x >= stay) return; /* a block a call does not need: its exit lets the secondary start */
   if (threadIdx.x == 0) atomicMax((unsigned long long *)&rec[0], (unsigned long long)pr_gtimer());
   pr_launch_dependents();
   if (threadIdx.x == 0) pr_spin_ns(spin_ns);
@@ -133,10 +135,11 @@ static void pr_launch(const pr_t *p, const void *fn, unsigned grid, unsigned blo
   CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
-/* 4. programmatic dependent launch: a primary of a block per SM that
- * triggers at its start and spins, then a secondary of grid blocks, with
- * the attribute (pdl) or without */
-static void pr_pdl_pair(pr_t *p, int grid, int pdl, uint64_t *rec) {
+/* 4. programmatic dependent launch: a primary of pgrid blocks, of which
+ * the first stay trigger at their start and spin and the others leave,
+ * then a secondary of grid blocks with smem bytes of dynamic shared
+ * memory, with the attribute (pdl) or without */
+static void pr_pdl_pair(pr_t *p, unsigned pgrid, unsigned stay, int grid, size_t smem, int pdl, uint64_t *rec) {
   const int n = p->trials + PR_WARM;
   for (int t = 0; t < n; t++) {
     uint64_t *r = rec + 5 * t;
@@ -148,8 +151,8 @@ static void pr_pdl_pair(pr_t *p, int grid, int pdl, uint64_t *rec) {
   for (int t = 0; t < n; t++) {
     uint64_t *r = p->out + 5 * t;
     void *args[] = {&r};
-    pr_k_primary<<<p->sms, 512, 0, p->st>>>(r, PR_PDL_SPIN_NS);
-    pr_launch(p, (const void *)pr_k_secondary, (unsigned)grid, 512, 0, pdl, args);
+    pr_k_primary<<<pgrid, 512, 0, p->st>>>(r, PR_PDL_SPIN_NS, stay);
+    pr_launch(p, (const void *)pr_k_secondary, (unsigned)grid, 512, smem, pdl, args);
   }
   pr_sync(p, "programmatic launch");
   CK(cudaMemcpy(rec, p->out, sizeof *rec * 5 * (size_t)n, cudaMemcpyDeviceToHost));
@@ -170,7 +173,7 @@ void pr_pdl(pr_t *p) {
   const int grids[2] = {1, p->sms};
   for (int g = 0; g < 2; g++) {
     char step[40], what[200];
-    pr_pdl_pair(p, grids[g], 1, rec);
+    pr_pdl_pair(p, (unsigned)p->sms, (unsigned)p->sms, grids[g], 0, 1, rec);
     int overlap = 0;
     for (int t = PR_WARM; t < p->trials + PR_WARM; t++)
       overlap += rec[5 * t + 2] < rec[5 * t + 1];
@@ -186,13 +189,28 @@ void pr_pdl(pr_t *p) {
     }
     snprintf(step, sizeof step, "pdl.wait_return.%d", grids[g]);
     pr_pdl_row(p, rec, 4, 1, step, "primary's last block end -> last griddepcontrol.wait returns (globaltimer)");
-    pr_pdl_pair(p, grids[g], 0, rec);
+    pr_pdl_pair(p, (unsigned)p->sms, (unsigned)p->sms, grids[g], 0, 0, rec);
     snprintf(step, sizeof step, "launch_gap.%d", grids[g]);
     snprintf(what, sizeof what,
              "no attribute: primary's last block end -> secondary (%d x 512) first block start "
              "(globaltimer)",
              grids[g]);
     pr_pdl_row(p, rec, 2, 1, step, what);
+  }
+  /* a decode call's pair: dispatch-send's grid sized for 128 tokens (a
+   * quarter of the SMs), one block staying, the others leaving at once;
+   * dispatch-recv's grid of half the SMs with its dynamic shared memory
+   * (DeepSeek-V3 at one rank: 1040 bytes) */
+  const unsigned pgrid = (unsigned)p->sms / 4, rgrid = (unsigned)(p->sms + 1) / 2;
+  pr_pdl_pair(p, pgrid, 1, (int)rgrid, 1040, 1, rec);
+  {
+    char what[200];
+    snprintf(what, sizeof what,
+             "primary %u x 512, block 0 staying (trigger, %d us spin), the others leaving at once -> secondary "
+             "(%u x 512, 1040 B smem) first block start (globaltimer)",
+             pgrid, PR_PDL_SPIN_NS / 1000, rgrid);
+    pr_pdl_row(p, rec, 2, 0, "pdl.first_start.decode", what);
+    pr_pdl_row(p, rec, 3, 0, "pdl.last_start.decode", "the same, to its last block start (globaltimer)");
   }
   free(rec);
 }

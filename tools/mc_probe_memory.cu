@@ -295,29 +295,36 @@ static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int tria
   }
 }
 
-/* ---- 12. the bulk of a 128-token phase on one GPU: items of 2 KB, a
- * warp each, taken block by block (item i by warp i % 16 of block i / 16:
- * fewer items than warps fill the first blocks only), over a grid of
- * 512-thread blocks. rows 1: a piece loaded
- * once and stored to fan places (dispatch-recv's copy into every local
- * expert's slot); rows > 1: rows pieces summed in fp32 and stored once
- * (combine-send's pre-reduction). Sources in L2 (src_pieces of them, a
- * ring), as the senders' stores leave them. Thread 0 of each block folds
- * its start and end (%globaltimer) into out[2 * trial] (minimum start)
- * and out[2 * trial + 1] (the complement of the latest end), both set to
- * all ones before: first block start to last block end. ---- */
-static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src_pieces, int items, int rows, int fan,
-                                                      int4 *dst, int trial, uint64_t *out) {
-  const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+/* ---- 12. the bulk of a 128-token phase on one GPU: items of 2 KB over
+ * a grid laid out as the phase's kernel is (blocks, threads, how items
+ * are dealt). fan > 0: a piece loaded once and stored to fan places, the
+ * places dealt among shares warps (dispatch-recv's copy into every local
+ * expert's slot); fan 0: rows pieces summed in fp32 and stored once
+ * (combine's sums), a warp each (two rows' loads in flight, as in step
+ * 9). Units dealt to blocks first (dealt) or block by block. Sources in
+ * L2 (src_pieces of them, a ring), as the senders' stores leave them.
+ * Thread 0 of each block folds its start and end (%globaltimer) into
+ * out[2 * trial] (minimum start) and out[2 * trial + 1] (the complement of
+ * the latest end), both set to all ones before: first block start to last
+ * block end. ---- */
+typedef struct pr_bulk_shape {
+  int items, rows, fan, shares, dealt;
+} pr_bulk_shape_t;
+static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src_pieces, pr_bulk_shape_t b, int4 *dst,
+                                                      int trial, uint64_t *out) {
+  const int lane = threadIdx.x & 31, wb = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int first = b.dealt ? wb * (int)gridDim.x + (int)blockIdx.x : (int)blockIdx.x * wpb + wb;
+  const int step = (int)gridDim.x * wpb;
   if (threadIdx.x == 0) atomicMin((unsigned long long *)&out[2 * trial], (unsigned long long)pr_gtimer());
-  for (int it = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); it < items; it += warps) {
-    int4 v[4];
-    if (rows == 1) {
+  for (int u = first; u < b.items * b.shares; u += step) {
+    const int it = u / b.shares, g = u % b.shares;
+    if (b.fan > 0) {
+      int4 v[4];
       const int4 *sp = src + (uint64_t)(it % src_pieces) * 128;
 #pragma unroll
       for (int q = 0; q < 4; q++) v[q] = sp[lane + 32 * q];
-      for (int j = 0; j < fan; j++) {
-        int4 *d = dst + ((uint64_t)j * items + it) * 128;
+      for (int j = g; j < b.fan; j += b.shares) {
+        int4 *d = dst + ((uint64_t)j * b.items + it) * 128;
 #pragma unroll
         for (int q = 0; q < 4; q++) d[lane + 32 * q] = v[q];
       }
@@ -328,18 +335,18 @@ static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src
     for (int q = 0; q < 4; q++)
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
-    for (int r = 0; r < rows; r += 2) { /* two rows' loads in flight, as in step 9 */
+    for (int r = 0; r < b.rows; r += 2) {
       int4 w[2][4];
 #pragma unroll
       for (int j = 0; j < 2; j++)
-        if (r + j < rows) {
-          const int4 *sp = src + (uint64_t)(((uint64_t)it * rows + r + j) % src_pieces) * 128;
+        if (r + j < b.rows) {
+          const int4 *sp = src + (uint64_t)(((uint64_t)it * b.rows + r + j) % src_pieces) * 128;
 #pragma unroll
           for (int q = 0; q < 4; q++) w[j][q] = pr_ld_v4(sp + lane + 32 * q);
         }
 #pragma unroll
       for (int j = 0; j < 2; j++)
-        if (r + j < rows)
+        if (r + j < b.rows)
 #pragma unroll
           for (int q = 0; q < 4; q++) pr_acc16(acc[q], 0.25f + (float)(r + j), w[j][q]);
     }
@@ -466,13 +473,13 @@ void pr_flags(pr_t *p) {
   free(ns);
 }
 
-/* 12. the bulk of a 128-token phase of the DeepSeek-V3 layer on one GPU:
- * a copy as dispatch-recv's (128 fp8 records of 4 pieces into 8 local
- * experts each, on a grid of half the SMs, of which the first 32 blocks
- * take the pieces) and combine-send's sums (128 tokens of 7 segments of
- * bf16, 8 experts' rows each, on a block per SM, of which the first 56
- * take them); an empty grid of each for the span of starting and ending
- * the blocks alone */
+/* 12. the bulk of a 128-token phase of the DeepSeek-V3 layer on one GPU,
+ * each on the grid its kernel has at 128 tokens on a GPU alone:
+ * dispatch-recv's copy (128 fp8 records of 4 pieces into 8 local experts
+ * each, two warps a piece, on half the SMs), combine-send's sums (128
+ * tokens of 7 segments of bf16, 8 experts' rows each, a block of 256 an
+ * SM) and combine-recv's (one source's row each, on half the SMs); an
+ * empty grid of each for the span of starting and ending the blocks */
 void pr_bulk(pr_t *p) {
   const int n = p->trials, all = n + PR_WARM, src_pieces = 8192; /* 16 MB of sources: the rows, in L2 */
   int4 *src, *dst;
@@ -483,28 +490,35 @@ void pr_bulk(pr_t *p) {
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
   static const struct {
     const char *step;
-    int half, items, rows, fan;
+    int half, threads;
+    pr_bulk_shape_t b;
     const char *what;
-  } b[4] = {
-      {"bulk.fan8.512", 1, 512, 1, 8, "512 pieces of 2 KB from L2, each stored to 8 places (8 MB)"},
-      {"bulk.fan_empty", 1, 0, 1, 8, "the same grid, no items"},
-      {"bulk.sum8.896", 0, 896, 8, 1, "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once"},
-      {"bulk.sum_empty", 0, 0, 8, 1, "the same grid, no items"},
+  } b[6] = {
+      {"bulk.fan8.512", 1, 512, {512, 1, 8, 2, 1},
+       "512 pieces of 2 KB from L2, each stored to 8 places (8 MB), two warps a piece (4 places each), dealt to "
+       "blocks first"},
+      {"bulk.fan_empty", 1, 512, {0, 1, 8, 2, 1}, "the same grid, no items"},
+      {"bulk.sum8.896", 0, 256, {896, 8, 0, 1, 1},
+       "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once, a warp a sum, dealt to blocks first"},
+      {"bulk.sum8_empty", 0, 256, {0, 8, 0, 1, 1}, "the same grid, no items"},
+      {"bulk.sum1.896", 1, 512, {896, 1, 0, 1, 0},
+       "896 pieces of 2 KB from L2 converted to fp32 and back, stored once, a warp a piece"},
+      {"bulk.sum1_empty", 1, 512, {0, 1, 0, 1, 0}, "the same grid, no items"},
   };
-  for (int k = 0; k < 4; k++) {
+  for (int k = 0; k < 6; k++) {
     const unsigned grid = b[k].half ? (unsigned)(p->sms + 1) / 2 : (unsigned)p->sms;
     char what[200];
     CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
     for (int t = 0; t < all; t++) {
       pr_k_spin<<<1, 1, 0, p->st>>>(5000); /* the previous trial's stores drained */
-      pr_k_bulk<<<grid, 512, 0, p->st>>>(src, src_pieces, b[k].items, b[k].rows, b[k].fan, dst, t, p->out);
+      pr_k_bulk<<<grid, (unsigned)b[k].threads, 0, p->st>>>(src, src_pieces, b[k].b, dst, t, p->out);
     }
     pr_sync(p, "bulk");
     CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
     for (int t = 0; t < n; t++)
       ns[t] = (double)(~c[2 * (t + PR_WARM) + 1] - c[2 * (t + PR_WARM)]);
-    snprintf(what, sizeof what, "%s, a warp an item, %u blocks x 512: first block start to last block end (globaltimer)",
-             b[k].what, grid);
+    snprintf(what, sizeof what, "%s, %u blocks x %d: first block start to last block end (globaltimer)", b[k].what,
+             grid, b[k].threads);
     pr_row(p, b[k].step, what, ns, n);
   }
   CK(cudaFree(src));
