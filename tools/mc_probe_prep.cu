@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "mc_gpu.h"
-/* what a transport provides the kernels' headers; the prep calls none of it */
+/* what a transport provides the kernels' headers; the functions timed here call none of it */
 static __device__ __forceinline__ unsigned char *mc_t_peer_window(const mc_kargs_t *, int) { return 0; }
 static __device__ __forceinline__ void mc_t_put_signal_warp(const mc_kargs_t *, uint64_t, const void *, uint64_t, int,
                                                             uint64_t, int, int) {}

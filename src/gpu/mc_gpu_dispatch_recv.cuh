@@ -103,7 +103,8 @@ MC_DEV void mc_drecv_bases(const mc_kargs_t &a, const int packed, uint32_t *base
  * kernel's start, and all are in flight together), the group digests
  * compared, and the slot bases made in shared memory (mc_drecv_bases;
  * with packed the caller reads the other words it needs from the window:
- * every word has arrived by then). Nothing is written outside shared memory before the outcome is known.
+ * every word has arrived by then). Nothing is written outside shared
+ * memory before the outcome is known.
  * Returns 0 where the round goes on, 1 where it cannot (the failure is
  * recorded), 2 where the call was refused (nothing comes; the caller
  * counts it), 3 where the outcome is a later call's (nothing to do). */
