@@ -475,11 +475,13 @@ void pr_flags(pr_t *p) {
 
 /* 12. the bulk of a 128-token phase of the DeepSeek-V3 layer on one GPU,
  * each on the grid its kernel has at 128 tokens on a GPU alone:
- * dispatch-recv's copy (128 fp8 records of 4 pieces into 8 local experts
- * each, two warps a piece, on half the SMs), combine-send's sums (128
- * tokens of 7 segments of bf16, 8 experts' rows each, a block of 256 an
- * SM) and combine-recv's (one source's row each, on half the SMs); an
- * empty grid of each for the span of starting and ending the blocks */
+ * dispatch-send's stores (512 pieces, a warp each, on a quarter of the
+ * SMs, to one rank), dispatch-recv's copy (128 fp8 records of 4 pieces
+ * into 8 local experts each, two warps a piece, on half the SMs),
+ * combine-send's sums (128 tokens of 7 segments of bf16, 8 experts' rows
+ * each, a block of 256 an SM) and combine-recv's (one source's row each,
+ * on half the SMs); an empty grid of each for the span of starting and
+ * ending the blocks */
 void pr_bulk(pr_t *p) {
   const int n = p->trials, all = n + PR_WARM, src_pieces = 8192; /* 16 MB of sources: the rows, in L2 */
   int4 *src, *dst;
@@ -490,23 +492,25 @@ void pr_bulk(pr_t *p) {
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
   static const struct {
     const char *step;
-    int half, threads;
+    int div, threads; /* the grid: the SMs / div */
     pr_bulk_shape_t b;
     const char *what;
-  } b[6] = {
-      {"bulk.fan8.512", 1, 512, {512, 1, 8, 2, 1},
+  } b[8] = {
+      {"bulk.send.512", 4, 512, {512, 1, 1, 1, 0}, "512 pieces of 2 KB from L2, each stored once (1 MB), a warp a piece"},
+      {"bulk.send_empty", 4, 512, {0, 1, 1, 1, 0}, "the same grid, no items"},
+      {"bulk.fan8.512", 2, 512, {512, 1, 8, 2, 1},
        "512 pieces of 2 KB from L2, each stored to 8 places (8 MB), two warps a piece (4 places each), dealt to "
        "blocks first"},
-      {"bulk.fan_empty", 1, 512, {0, 1, 8, 2, 1}, "the same grid, no items"},
-      {"bulk.sum8.896", 0, 256, {896, 8, 0, 1, 1},
+      {"bulk.fan_empty", 2, 512, {0, 1, 8, 2, 1}, "the same grid, no items"},
+      {"bulk.sum8.896", 1, 256, {896, 8, 0, 1, 1},
        "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once, a warp a sum, dealt to blocks first"},
-      {"bulk.sum8_empty", 0, 256, {0, 8, 0, 1, 1}, "the same grid, no items"},
-      {"bulk.sum1.896", 1, 512, {896, 1, 0, 1, 0},
+      {"bulk.sum8_empty", 1, 256, {0, 8, 0, 1, 1}, "the same grid, no items"},
+      {"bulk.sum1.896", 2, 512, {896, 1, 0, 1, 0},
        "896 pieces of 2 KB from L2 converted to fp32 and back, stored once, a warp a piece"},
-      {"bulk.sum1_empty", 1, 512, {0, 1, 0, 1, 0}, "the same grid, no items"},
+      {"bulk.sum1_empty", 2, 512, {0, 1, 0, 1, 0}, "the same grid, no items"},
   };
-  for (int k = 0; k < 6; k++) {
-    const unsigned grid = b[k].half ? (unsigned)(p->sms + 1) / 2 : (unsigned)p->sms;
+  for (int k = 0; k < 8; k++) {
+    const unsigned grid = (unsigned)(p->sms + b[k].div - 1) / (unsigned)b[k].div;
     char what[200];
     CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
     for (int t = 0; t < all; t++) {
