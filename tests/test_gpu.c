@@ -410,7 +410,8 @@ int test_gpu_graph(void) {
  * behind it before the host looks, every round: the refusal sends nothing
  * and stops nothing else, so the good replay's outputs are checked against
  * the reference; the next check reports the refusal, once. Groups of two
- * ranks (the general prep) and of one (the one-warp prep). */
+ * ranks (the general prep) and of one (the good replay takes the one-warp
+ * prep; a count past m is refused by the general one). */
 int test_gpu_graph_refused(void) {
   REQUIRE_GPU();
   for (int g = 2; g >= 1; g--) {

@@ -49,7 +49,7 @@ static __global__ void __launch_bounds__(512) pr_k_prep(mc_kargs_t a, int trials
       tk.idx[k] = 0, tk.rk[k] = 0, tk.jpos[k] = 0, tk.wt[k] = 0.0f, tk.pe[k] = 0, tk.pr[k] = 0;
     tk.first = 0;
     bool ok = false;
-    if (warp < NW && t < a.m && mc_prep_load(a, K, true, t, 0, tk)) {
+    if (warp < NW && t < a.m && mc_prep_load(a, K, true, t, tk)) {
       mc_prep_ranks(a, 0, K, L, t, tab, tk);
       ok = true;
     }

@@ -170,8 +170,7 @@ typedef struct mc_prep_tok {
 
 /* Loads token t's top-k and checks it. A bad one is recorded (by one block
  * where every block scans every token) and refused: returns false. */
-MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const int t, const uint64_t round,
-                         mc_prep_tok_t &tk) {
+MC_DEV bool mc_prep_load(const mc_kargs_t &a, const int K, const bool one, const int t, mc_prep_tok_t &tk) {
   const int E = a.s.num_experts;
   uint32_t wide_bad = 0; /* bit k: id k is outside 0..E-1 at its full width (int64: before narrowing) */
 #pragma unroll
@@ -440,7 +439,7 @@ MC_DEV int mc_dispatch_prep_body(const mc_kargs_t &a, const int masking, const i
     __syncthreads(); /* masks and counts are zero */
     mc_trace_point(&a, MC_TK_PREP, 1);
     if (warp < NW && t < m_eff) {
-      if (!mc_prep_load(a, K, one, t, round, tk)) {
+      if (!mc_prep_load(a, K, one, t, tk)) {
         bad = 1;
       } else {
         mc_prep_ranks(a, masking, K, L, t, tab, tk);
