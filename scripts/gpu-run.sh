@@ -258,7 +258,8 @@ if [ "$mode" = ledger ]; then
   # on different GPUs (MC_TEST_SYS_SCOPE=1): the launch floor of this GPU
   # (launch-floor.cu in $PPLX_DIR, default .baselines/, where it is there),
   # 1 token of a handle of 128 through bound_m with each phase's floor beside
-  # it (graph and eager), the kernels' timeline at 1 and 128 tokens, and
+  # it (graph and eager), the kernels' timeline at 1 and 128 tokens (whole
+  # as a graph, and halves apart), and
   # mc-probe's cost of each step they are made of
   pp=${PPLX_DIR:-.baselines}
   if [ -f "$pp/launch-floor.cu" ] && nvcc -O2 -arch=sm_90 -std=c++17 "$pp/launch-floor.cu" -o "$out/launch-floor" 2>> "$out/build.log"; then
@@ -270,10 +271,14 @@ if [ "$mode" = ledger ]; then
     echo "== mc-bench $one --whole --floor $g"
     MC_TEST_SYS_SCOPE=1 timeout 60 scripts/mc-launch.sh 1 -- $B $one --whole --floor $g -r 300 -w 20 2>&1 | grep -E "^ *(phase|dispatch|combine) "
   done
+  # each phase whole as a graph replay, then its halves apart (eager, events
+  # between them: each half runs alone, a receiver after its sender)
   for t in 1 128; do
     a="$one"; [ "$t" = 128 ] && a="-t 128"
-    MC_TEST_SYS_SCOPE=1 MC_GPU_TRACE="$out/trace-t$t" timeout 60 scripts/mc-launch.sh 1 -- $B $a --whole --graph -r 100 -w 10 > /dev/null 2>&1
-    echo "== timeline $a --whole --graph"; python3 scripts/mc_report.py trace "$out/trace-t$t" | grep -v " 0.0 *0.0 *$"
+    for w in "--whole --graph" ""; do
+      MC_TEST_SYS_SCOPE=1 MC_GPU_TRACE="$out/trace-t$t${w:+w}" timeout 60 scripts/mc-launch.sh 1 -- $B $a $w -r 100 -w 10 > /dev/null 2>&1
+      echo "== timeline $a ${w:-(halves apart, eager)}"; python3 scripts/mc_report.py trace "$out/trace-t$t${w:+w}" | grep -v " 0.0 *0.0 *$"
+    done
   done
   echo "== mc-probe"; timeout 120 build-dev/mc-probe
   (cd "$out" && tar czf traces.tgz --remove-files trace-* 2>/dev/null || true)

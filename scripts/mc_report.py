@@ -210,10 +210,13 @@ def vs_pplx(args):
 
 
 TRACE_KERNELS = ["prep", "pack", "dsend", "drecv", "csend", "crecv"]
-TRACE_SLOTS = ["start", "last-start", "c0", "c1", "c2", "c3", "c4", "end"]
+TRACE_SLOTS = ["start", "last-start"] + [f"c{i}" for i in range(9)] + ["end"]
 TRACE_NOTES = {
     ("prep", "c0"): "checked, routed, placed (a block barrier)", ("prep", "c1"): "shared memory zeroed",
     ("prep", "c2"): "ids checked, ranks found (thread 0)", ("prep", "c3"): "places found",
+    ("prep", "c4"): "the call's outcome stored (block 0, thread 0)", ("prep", "c5"): "metas stored (block 0, a barrier)",
+    ("dsend", "c2"): "the last sending block's start (block 0 apart)",
+    ("drecv", "c5"): "the call's outcome seen (thread 0)",
     ("dsend", "c0"): "pieces stored (signals next)", ("dsend", "c1"): "counts moved on (last block out)",
     ("drecv", "c0"): "metas arrived", ("drecv", "c1"): "slot bases computed", ("drecv", "c2"): "records copied",
     ("drecv", "c3"): "arrived at the count (every block)", ("drecv", "c4"): "counts moved on (last block out)",
@@ -228,7 +231,7 @@ def trace(args):
     """trace PREFIX [--skip N] [--own-clock] - the kernel timeline of a traced run.
 
     Reads PREFIX.<rank> files written with MC_GPU_TRACE=PREFIX (src/gpu/mc_gpu_host.c):
-    one line per round, MC_TK_N kernels x 8 globaltimer stamps (ns). For each
+    one line per round, MC_TK_N kernels x 12 globaltimer stamps (ns). For each
     round, times are taken from the earliest prep-kernel start over all ranks
     (one GPU: one clock). Prints, per event, the median over rounds of each
     rank's time in us, and of the latest rank's. --own-clock: each rank's times from its
@@ -253,7 +256,7 @@ def trace(args):
         t0 = min(starts)
         for k, kn in enumerate(TRACE_KERNELS):
             for s, sn in enumerate(TRACE_SLOTS):
-                vals = [r[i][k * 8 + s] for r in ranks]
+                vals = [r[i][k * len(TRACE_SLOTS) + s] for r in ranks]
                 if not any(vals):
                     continue
                 base = [r[i][0] if own else t0 for r in ranks]

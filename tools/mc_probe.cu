@@ -253,6 +253,7 @@ int main(int argc, char **argv) {
   pr_bulk(&p);
   pr_prep(&p);
   pr_bases(&p);
+  pr_tiny(&p);
   p.mhz_after = pr_clock_mhz(&p);
   pr_print(&p);
   if (p.mhz_after < 0.98 * p.mhz || p.mhz_after > 1.02 * p.mhz)

@@ -64,6 +64,12 @@ PR_DEV uint64_t pr_ld_relaxed_gpu(const uint64_t *p) {
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+/* a meta word's poll (mc_word_load), at system scope */
+PR_DEV uint64_t pr_ld_relaxed_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 /* the signal operations of mc_dev.cuh, at the scope sys asks for */
 PR_DEV uint64_t pr_ld_acquire(const uint64_t *p, int sys) {
   uint64_t v;
@@ -104,8 +110,9 @@ PR_DEV void pr_dep_wait(void) {
 
 
 /* ---- the host side ---- */
-#define PR_ROWS 96
+#define PR_ROWS 128
 #define PR_PDL_SPIN_NS 20000
+#define PR_POLL_NS 30000 /* the pollers beside a bulk row: past the spin before it and the row */
 #define PR_CHASE_STRIDE 4160 /* bytes between nodes: a few KB, not a power of two (no shared cache sets) */
 #define PR_SMALL_BYTES (2u << 20)
 #define PR_GRAPH_BATCH 50 /* replays queued behind one spin */
@@ -155,8 +162,12 @@ void pr_pdl(pr_t *p);
 void pr_graphs(pr_t *p);
 void pr_code(pr_t *p);
 void pr_first(pr_t *p);
-/* mc_probe_prep.cu: steps 13 and 14 */
+/* other code run on every SM, as a round's other kernels leave the SMs'
+ * instruction caches: before a step timed as its code's first run */
+void pr_evict(pr_t *p);
+/* mc_probe_prep.cu: steps 13, 14 and 15 */
 void pr_prep(pr_t *p);
 void pr_bases(pr_t *p);
+void pr_tiny(pr_t *p);
 
 #endif

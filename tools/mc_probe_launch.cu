@@ -63,6 +63,15 @@ PR_CODE_KERNEL(pr_k_code2048, 2048)
 /* other code, launched on every SM before each trial: what a round's other
  * kernels do to the SM's instruction caches */
 PR_CODE_KERNEL(pr_k_code_evict, 8192)
+static __device__ uint64_t pr_evict_sink[2]; /* its samples, never read */
+void pr_evict(pr_t *p) {
+  uint64_t *sink;
+  uint32_t seed = 1;
+  int t = 0;
+  CK(cudaGetSymbolAddress((void **)&sink, pr_evict_sink));
+  void *args[] = {&seed, &t, &sink};
+  CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), args, 0, p->st));
+}
 
 /* ---- 11. a launch's first reads ----
  * A kernel's parameters sit in a constant bank written for each launch:

@@ -358,6 +358,22 @@ static __global__ void __launch_bounds__(512) pr_k_bulk(const int4 *src, int src
   if (threadIdx.x == 0) atomicMin((unsigned long long *)&out[2 * trial + 1], ~(unsigned long long)pr_gtimer());
 }
 
+/* dispatch-recv's blocks waiting for the metas while dispatch-send sends:
+ * threads below n poll a word each (relaxed, system scope, naps of 32 to
+ * 128 ns as mc_dev_wait's where a rank has its GPU alone) for ns; no
+ * word ever carries what they wait for */
+static __global__ void pr_k_poll(const uint64_t *words, int n, uint64_t ns) {
+  const uint64_t t0 = pr_gtimer();
+  if ((int)threadIdx.x >= n) return;
+  unsigned nap = 32;
+  for (uint32_t it = 1;; it++) {
+    if (pr_ld_relaxed_sys(words + threadIdx.x) == ~0ull) return;
+    __nanosleep(nap);
+    if (nap < 128) nap *= 2;
+    if ((it & 15u) == 0 && pr_gtimer() - t0 > ns) return;
+  }
+}
+
 /* ---- the host side ---- */
 
 /* 1. dependent loads: a ring of 2 MB (L2 hits) and a fresh walk through a
@@ -485,35 +501,65 @@ void pr_flags(pr_t *p) {
 void pr_bulk(pr_t *p) {
   const int n = p->trials, all = n + PR_WARM, src_pieces = 8192; /* 16 MB of sources: the rows, in L2 */
   int4 *src, *dst;
+  uint64_t *words;
   CK(cudaMalloc(&src, (size_t)src_pieces * 2048));
   CK(cudaMalloc(&dst, (size_t)16 << 20));
+  CK(cudaMalloc(&words, 4096));
   CK(cudaMemsetAsync(src, 0x3c, (size_t)src_pieces * 2048, p->st));
+  CK(cudaMemsetAsync(words, 0, 4096, p->st));
+  /* polled rows: room for one block an SM only, so that senders and
+   * pollers hold SMs apart, as the library's kernels' registers make them */
+  const int apart = 120 << 10, meta_words = 257; /* one source's meta at 256 local experts */
+  CK(cudaFuncSetAttribute(pr_k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, apart));
+  CK(cudaFuncSetAttribute(pr_k_poll, cudaFuncAttributeMaxDynamicSharedMemorySize, apart));
+  cudaStream_t st2;
+  cudaEvent_t e1, e2;
+  CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
   uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
   static const struct {
     const char *step;
-    int div, threads; /* the grid: the SMs / div */
+    int div, blocks, threads, polled; /* the grid: blocks, or the SMs / div */
     pr_bulk_shape_t b;
     const char *what;
-  } b[8] = {
-      {"bulk.send.512", 4, 512, {512, 1, 1, 1, 0}, "512 pieces of 2 KB from L2, each stored once (1 MB), a warp a piece"},
-      {"bulk.send_empty", 4, 512, {0, 1, 1, 1, 0}, "the same grid, no items"},
-      {"bulk.fan8.512", 2, 512, {512, 1, 8, 2, 1},
+  } b[12] = {
+      {"bulk.send.512", 4, 0, 512, 0, {512, 1, 1, 1, 0}, "512 pieces of 2 KB from L2, each stored once (1 MB), a warp a piece"},
+      {"bulk.send.512.polled", 4, 0, 512, 1, {512, 1, 1, 1, 0},
+       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block)"},
+      {"bulk.send_empty", 4, 0, 512, 0, {0, 1, 1, 1, 0}, "the same grid, no items"},
+      {"bulk.send.4", 0, 1, 512, 0, {4, 1, 1, 1, 0}, "1 token's 4 pieces of 2 KB from L2, each stored once, a warp a piece"},
+      {"bulk.send.4.polled", 0, 1, 512, 1, {4, 1, 1, 1, 0},
+       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block)"},
+      {"bulk.fan8.512", 2, 0, 512, 0, {512, 1, 8, 2, 1},
        "512 pieces of 2 KB from L2, each stored to 8 places (8 MB), two warps a piece (4 places each), dealt to "
        "blocks first"},
-      {"bulk.fan_empty", 2, 512, {0, 1, 8, 2, 1}, "the same grid, no items"},
-      {"bulk.sum8.896", 1, 256, {896, 8, 0, 1, 1},
+      {"bulk.fan_empty", 2, 0, 512, 0, {0, 1, 8, 2, 1}, "the same grid, no items"},
+      {"bulk.sum8.896", 1, 0, 256, 0, {896, 8, 0, 1, 1},
        "896 sums of 8 pieces of 2 KB from L2 (14.7 MB) in fp32, each stored once, a warp a sum, dealt to blocks first"},
-      {"bulk.sum8_empty", 1, 256, {0, 8, 0, 1, 1}, "the same grid, no items"},
-      {"bulk.sum1.896", 2, 512, {896, 1, 0, 1, 0},
+      {"bulk.sum8_empty", 1, 0, 256, 0, {0, 8, 0, 1, 1}, "the same grid, no items"},
+      {"bulk.sum1.896", 2, 0, 512, 0, {896, 1, 0, 1, 0},
        "896 pieces of 2 KB from L2 converted to fp32 and back, stored once, a warp a piece"},
-      {"bulk.sum1_empty", 2, 512, {0, 1, 0, 1, 0}, "the same grid, no items"},
+      {"bulk.sum1_empty", 2, 0, 512, 0, {0, 1, 0, 1, 0}, "the same grid, no items"},
+      {NULL, 0, 0, 0, 0, {0, 0, 0, 0, 0}, NULL},
   };
-  for (int k = 0; k < 8; k++) {
-    const unsigned grid = (unsigned)(p->sms + b[k].div - 1) / (unsigned)b[k].div;
+  for (int k = 0; b[k].step; k++) {
+    const unsigned grid = b[k].blocks ? (unsigned)b[k].blocks : (unsigned)(p->sms + b[k].div - 1) / (unsigned)b[k].div;
+    const unsigned pollers = (unsigned)(p->sms + 1) / 2;
     char what[200];
     CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
     for (int t = 0; t < all; t++) {
+      if (b[k].polled) { /* the pollers first, for PR_POLL_NS; the senders after a spin, on a stream of their own */
+        CK(cudaEventRecord(e1, p->st));
+        CK(cudaStreamWaitEvent(st2, e1, 0));
+        pr_k_poll<<<pollers, 512, apart, p->st>>>(words, meta_words, PR_POLL_NS);
+        pr_k_spin<<<1, 1, 0, st2>>>(5000);
+        pr_k_bulk<<<grid, (unsigned)b[k].threads, apart, st2>>>(src, src_pieces, b[k].b, dst, t, p->out);
+        CK(cudaEventRecord(e2, st2));
+        CK(cudaStreamWaitEvent(p->st, e2, 0));
+        continue;
+      }
       pr_k_spin<<<1, 1, 0, p->st>>>(5000); /* the previous trial's stores drained */
       pr_k_bulk<<<grid, (unsigned)b[k].threads, 0, p->st>>>(src, src_pieces, b[k].b, dst, t, p->out);
     }
@@ -525,6 +571,10 @@ void pr_bulk(pr_t *p) {
              grid, b[k].threads);
     pr_row(p, b[k].step, what, ns, n);
   }
+  CK(cudaStreamDestroy(st2));
+  CK(cudaEventDestroy(e1));
+  CK(cudaEventDestroy(e2));
+  CK(cudaFree(words));
   CK(cudaFree(src));
   CK(cudaFree(dst));
   free(c);

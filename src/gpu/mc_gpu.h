@@ -85,7 +85,7 @@ typedef struct mc_kargs {
 
 /* The diagnostic trace: MC_TRACE_SLOTS stamps per kernel, see mc_trace_*. */
 enum { MC_TK_PREP = 0, MC_TK_PACK, MC_TK_DSEND, MC_TK_DRECV, MC_TK_CSEND, MC_TK_CRECV, MC_TK_N };
-#define MC_TRACE_SLOTS 8
+#define MC_TRACE_SLOTS 12
 
 #ifdef __cplusplus
 }

@@ -126,6 +126,7 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
       fail = 1;
     else if (got != 2 * call) /* refused (counted), or a call already over (a count behind: nothing to do) */
       refused = got == 2 * call + 1 ? 2 : 3;
+    mc_trace_point(&a, MC_TK_DRECV, 5);
   }
   for (int i = tid; i < W * MW && !fail && !(tid == 0 && refused); i += blockDim.x) {
     const int src = i / MW, w = i % MW;

@@ -286,6 +286,7 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
     int begin, end;
     mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
     mc_trace_start(&a, MC_TK_DSEND);
+    if (blockIdx.x != 0 || nb == 1) mc_trace_point(&a, MC_TK_DSEND, 2);
     uint32_t *sent = mc_one_sent(smem, s);
     mc_dispatch_send_pieces(a, K, quant, mc_tab_shared(smem, s), begin, end, 0, nb > 1, nb, sent);
     if (a.trace) __syncthreads(); /* the stores, apart from the signals (uniform: a.trace is one value) */

@@ -363,7 +363,10 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, tid = threadIdx.x;
   if (!one) mc_prep_publish(a, count, rexp, m_eff);
-  if (tid == 0) mc_prep_outcome(a, one, 0);
+  if (tid == 0) {
+    mc_prep_outcome(a, one, 0);
+    mc_trace_point(&a, MC_TK_PREP, 4);
+  }
   const int MW = mc_meta_words(s);
   for (int i = tid; i < W * MW; i += blockDim.x) {
     const int dst = i / MW, l = i % MW;
@@ -373,6 +376,8 @@ MC_DEV void mc_prep_finish(const mc_kargs_t &a, const int masking, const int K, 
     if (one) mc_word_store(&a, (uint64_t *)(mc_t_peer_window(&a, dst) + mc_disp_meta_off(s, a.rank)) + l, w);
     else ((uint64_t *)(a.win + mc_meta_send_off(s, dst)))[l] = w;
   }
+  if (a.trace) __syncthreads(); /* every word stored, for the stamp (uniform: a.trace is one value) */
+  mc_trace_point(&a, MC_TK_PREP, 5);
   if (one) {
     mc_prep_publish(a, count, rexp, m_eff);
     /* later kernels (combine) read the routes from the workspace */
