@@ -277,6 +277,38 @@ static __global__ void pr_k_sum(const int4 *src, uint64_t step16, int pieces, in
   }
 }
 
+/* the same eight rows as combine-send sums a decode call's segment: a
+ * block of 256 threads, 8 bytes of each row a thread, every row's loads in
+ * flight, then a barrier; thread 0 times it */
+static __global__ void __launch_bounds__(256) pr_k_sum8_block(const int4 *src, uint64_t step16, int pieces, int4 *dst,
+                                                              int trials, uint64_t *out) {
+  for (int i = -PR_WARM; i < trials; i++) {
+    const int first = (int)((uint64_t)(i + PR_WARM) * 8u % (uint64_t)pieces);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __syncthreads();
+    const uint64_t t0 = pr_clock();
+    uint2 v[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+      v[r] = *(const uint2 *)((const char *)(src + (uint64_t)((first + r) % pieces) * step16) + 8 * threadIdx.x);
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+      const float w = 0.25f + (float)r;
+      acc[0] = __fadd_rn(acc[0], __fmul_rn(w, pr_bf16_lo((int)v[r].x)));
+      acc[1] = __fadd_rn(acc[1], __fmul_rn(w, pr_bf16_hi((int)v[r].x)));
+      acc[2] = __fadd_rn(acc[2], __fmul_rn(w, pr_bf16_lo((int)v[r].y)));
+      acc[3] = __fadd_rn(acc[3], __fmul_rn(w, pr_bf16_hi((int)v[r].y)));
+    }
+    uint2 *d = (uint2 *)((char *)dst + 8 * threadIdx.x);
+    *d = make_uint2(pr_to_bf16(acc[0]) | pr_to_bf16(acc[1]) << 16, pr_to_bf16(acc[2]) | pr_to_bf16(acc[3]) << 16);
+    __threadfence();
+    const uint64_t t1 = pr_clock_after(pr_ld_relaxed_gpu((const uint64_t *)d));
+    __syncthreads();
+    const uint64_t t2 = pr_clock_after(t1);
+    if (threadIdx.x == 0 && i >= 0) out[i] = t2 - t0;
+  }
+}
+
 /* ---- 10. a block's count at a kernel's end: thread 0 reads the clock,
  * the block's barrier, then its atomicAdd on a global counter, until the
  * old value is back (the last block out learns it is last from it) ---- */
@@ -422,6 +454,13 @@ void pr_loads_copy(pr_t *p) {
              rows, rows > 1 ? "s" : "", rows > 1 ? "two rows' loads in flight" : "its loads in flight");
     pr_row_cycles(p, step, what, n, 1);
   }
+
+  pr_k_sum8_block<<<1, 256, 0, p->st>>>((const int4 *)p->small, 128, PR_SMALL_BYTES / 2048, p->dst, n, p->out);
+  pr_sync(p, "sums, a block");
+  pr_row_cycles(p, "sum8.2K.block",
+                "block of 256: 8 rows of 2 KB bf16 from L2, 8 bytes of each a thread, every row's loads in flight, "
+                "summed in fp32, rounded, stored, __threadfence, read back, a barrier (clock64)",
+                n, 1);
 
   pr_k_barrier<<<1, 512, 0, p->st>>>(1000, n, p->out);
   pr_sync(p, "barrier");
