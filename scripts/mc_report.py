@@ -210,11 +210,14 @@ def vs_pplx(args):
 
 
 TRACE_KERNELS = ["prep", "pack", "dsend", "drecv", "csend", "crecv"]
-TRACE_SLOTS = ["start", "last-start"] + [f"c{i}" for i in range(9)] + ["end"]
+def trace_slots(n):
+    """The names of a kernel's n stamps: its first and last block's start, checkpoints, its end."""
+    return ["start", "last-start"] + [f"c{i}" for i in range(n - 3)] + ["end"]
 TRACE_NOTES = {
     ("prep", "c0"): "checked, routed, placed (a block barrier)", ("prep", "c1"): "shared memory zeroed",
     ("prep", "c2"): "ids checked, ranks found (thread 0)", ("prep", "c3"): "places found",
-    ("prep", "c4"): "the call's outcome stored (block 0, thread 0)", ("prep", "c5"): "metas stored (block 0, a barrier)",
+    ("prep", "c4"): "the call's outcome stored (the publishing block's thread 0)",
+    ("prep", "c5"): "metas stored (the publishing block, a barrier)",
     ("dsend", "c2"): "the last sending block's start (block 0 apart)",
     ("drecv", "c5"): "the call's outcome seen (thread 0)",
     ("dsend", "c0"): "pieces stored (signals next)", ("dsend", "c1"): "counts moved on (last block out)",
@@ -231,7 +234,7 @@ def trace(args):
     """trace PREFIX [--skip N] [--own-clock] - the kernel timeline of a traced run.
 
     Reads PREFIX.<rank> files written with MC_GPU_TRACE=PREFIX (src/gpu/mc_gpu_host.c):
-    one line per round, MC_TK_N kernels x 12 globaltimer stamps (ns). For each
+    one line per round, MC_TK_N kernels x MC_TRACE_SLOTS globaltimer stamps (ns). For each
     round, times are taken from the earliest prep-kernel start over all ranks
     (one GPU: one clock). Prints, per event, the median over rounds of each
     rank's time in us, and of the latest rank's. --own-clock: each rank's times from its
@@ -245,6 +248,11 @@ def trace(args):
     if not ranks or not ranks[0]:
         print("no trace lines under", prefix)
         return
+    widths = {len(l) for r in ranks for l in r}
+    if len(widths) != 1 or next(iter(widths)) % len(TRACE_KERNELS):
+        print("trace lines of", sorted(widths), "stamps: not", len(TRACE_KERNELS), "kernels of the same number each")
+        return
+    slots = trace_slots(next(iter(widths)) // len(TRACE_KERNELS))
     n = min(len(r) for r in ranks)
     if skip is None:
         skip = n // 5  # warm-up rounds
@@ -255,8 +263,8 @@ def trace(args):
             continue
         t0 = min(starts)
         for k, kn in enumerate(TRACE_KERNELS):
-            for s, sn in enumerate(TRACE_SLOTS):
-                vals = [r[i][k * len(TRACE_SLOTS) + s] for r in ranks]
+            for s, sn in enumerate(slots):
+                vals = [r[i][k * len(slots) + s] for r in ranks]
                 if not any(vals):
                     continue
                 base = [r[i][0] if own else t0 for r in ranks]

@@ -9,8 +9,10 @@
  * stop by %globaltimer or after as many polls as nanoseconds.
  *   mc_probe.cu         the run: the SM clock, the timer's resolution, the table, main
  *   mc_probe_memory.cu  loads, releases and fences, flags, copies, sums, counts, the bulk of a phase
+ *                       (also beside pollers)
  *   mc_probe_launch.cu  dependent launches, graph replays, code fetched, a launch's first reads
- *   mc_probe_prep.cu    the block prep and the slot bases, by the library's own functions */
+ *   mc_probe_prep.cu    the block prep, the slot bases and a 1-token sending block, by the
+ *                       library's own functions, warm and as their code's first run */
 #ifndef MC_PROBE_H
 #define MC_PROBE_H
 

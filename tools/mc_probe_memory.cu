@@ -277,9 +277,9 @@ static __global__ void pr_k_sum(const int4 *src, uint64_t step16, int pieces, in
   }
 }
 
-/* the same eight rows as combine-send sums a decode call's segment: a
- * block of 256 threads, 8 bytes of each row a thread, every row's loads in
- * flight, then a barrier; thread 0 times it */
+/* the same eight rows summed by a block instead of a warp: 256 threads,
+ * 8 bytes of each row a thread, every row's loads in flight, then a
+ * barrier; thread 0 times it (what a segment's sums cost spread wider) */
 static __global__ void __launch_bounds__(256) pr_k_sum8_block(const int4 *src, uint64_t step16, int pieces, int4 *dst,
                                                               int trials, uint64_t *out) {
   for (int i = -PR_WARM; i < trials; i++) {
@@ -560,17 +560,20 @@ void pr_bulk(pr_t *p) {
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
   static const struct {
     const char *step;
-    int div, blocks, threads, polled; /* the grid: blocks, or the SMs / div */
+    int div, blocks, threads, polled; /* the grid: blocks, or the SMs / div; polled: 1 beside pollers, 2 the
+                                         same shared memory alone */
     pr_bulk_shape_t b;
     const char *what;
-  } b[12] = {
+  } b[14] = {
       {"bulk.send.512", 4, 0, 512, 0, {512, 1, 1, 1, 0}, "512 pieces of 2 KB from L2, each stored once (1 MB), a warp a piece"},
       {"bulk.send.512.polled", 4, 0, 512, 1, {512, 1, 1, 1, 0},
-       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block)"},
+       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block), one block an SM"},
+      {"bulk.send.512.apart", 4, 0, 512, 2, {512, 1, 1, 1, 0}, "the same with no pollers, one block an SM"},
       {"bulk.send_empty", 4, 0, 512, 0, {0, 1, 1, 1, 0}, "the same grid, no items"},
       {"bulk.send.4", 0, 1, 512, 0, {4, 1, 1, 1, 0}, "1 token's 4 pieces of 2 KB from L2, each stored once, a warp a piece"},
       {"bulk.send.4.polled", 0, 1, 512, 1, {4, 1, 1, 1, 0},
-       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block)"},
+       "the same beside dispatch-recv's pollers (half the SMs, 257 words a block), one block an SM"},
+      {"bulk.send.4.apart", 0, 1, 512, 2, {4, 1, 1, 1, 0}, "the same with no pollers, one block an SM"},
       {"bulk.fan8.512", 2, 0, 512, 0, {512, 1, 8, 2, 1},
        "512 pieces of 2 KB from L2, each stored to 8 places (8 MB), two warps a piece (4 places each), dealt to "
        "blocks first"},
@@ -589,7 +592,7 @@ void pr_bulk(pr_t *p) {
     char what[200];
     CK(cudaMemsetAsync(p->out, 0xff, sizeof *c * 2 * (size_t)all, p->st));
     for (int t = 0; t < all; t++) {
-      if (b[k].polled) { /* the pollers first, for PR_POLL_NS; the senders after a spin, on a stream of their own */
+      if (b[k].polled == 1) { /* the pollers first, for PR_POLL_NS; the senders after a spin, on a stream of their own */
         CK(cudaEventRecord(e1, p->st));
         CK(cudaStreamWaitEvent(st2, e1, 0));
         pr_k_poll<<<pollers, 512, apart, p->st>>>(words, meta_words, PR_POLL_NS);
@@ -600,7 +603,8 @@ void pr_bulk(pr_t *p) {
         continue;
       }
       pr_k_spin<<<1, 1, 0, p->st>>>(5000); /* the previous trial's stores drained */
-      pr_k_bulk<<<grid, (unsigned)b[k].threads, 0, p->st>>>(src, src_pieces, b[k].b, dst, t, p->out);
+      pr_k_bulk<<<grid, (unsigned)b[k].threads, b[k].polled ? apart : 0, p->st>>>(src, src_pieces, b[k].b, dst, t,
+                                                                                p->out);
     }
     pr_sync(p, "bulk");
     CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));

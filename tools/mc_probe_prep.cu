@@ -3,8 +3,8 @@
  * of the DeepSeek-V3 layer at one rank (13, src/gpu/mc_gpu_prep.cuh) and
  * dispatch-recv's slot bases (14, src/gpu/mc_gpu_dispatch_recv.cuh). The
  * only file of mc-probe that uses the library's headers: what it times is
- * their code, not a copy of it. Each is timed again as the first run of
- * its code in a launch, after other code on every SM (15). */
+ * their code, not a copy of it. Each is timed warm and as the first run
+ * of its code in a launch, after other code on every SM (pr_evict). */
 #include <string.h>
 
 #include "mc_gpu.h"
@@ -121,7 +121,9 @@ void pr_prep(pr_t *p) {
     for (int j = 0; j < 4; j++) {
       char st[40], wh[200];
       snprintf(st, sizeof st, "%s%s", step[j], run ? ".first" : "");
-      snprintf(wh, sizeof wh, "%s", run ? "the same step, the first run of the code in its launch, after other code on every SM" : what[j]);
+      snprintf(wh, sizeof wh, run ? "%s as the first run of its code in a launch, after other code on every SM (clock64)"
+                                  : "%s",
+               run ? step[j] : what[j]);
       for (int i = 0; i < n; i++) col[i] = c[4 * i + j];
       CK(cudaMemcpy(p->out, col, sizeof *col * (size_t)n, cudaMemcpyHostToDevice));
       pr_row_cycles(p, st, wh, n, 1);
@@ -236,9 +238,9 @@ void pr_tiny(pr_t *p) {
     int to_k, to_s, from_k, from_s;
     const char *what;
   } r[3] = {
-      {"tiny.zeroed", MC_TK_PREP, 3, MC_TK_PREP, 0, "prep start -> shared memory zeroed (a barrier)"},
-      {"tiny.routed", MC_TK_PREP, 2, MC_TK_PREP, 0, "prep start -> routed and placed (warp votes, a barrier)"},
-      {"tiny.to_send", MC_TK_DSEND, 0, MC_TK_PREP, 2, "routed and placed -> the block's sends start"},
+      {"tiny.zeroed", MC_TK_PREP, 3, MC_TK_PREP, 0, "prep start -> shared memory zeroed"},
+      {"tiny.routed", MC_TK_PREP, 2, MC_TK_PREP, 0, "prep start -> routed and placed"},
+      {"tiny.to_send", MC_TK_DSEND, 0, MC_TK_PREP, 2, "routed and placed -> its sends' start"},
   };
   for (int j = 0; j < 3; j++)
     for (int again = 0; again < 2; again++) {
@@ -249,8 +251,8 @@ void pr_tiny(pr_t *p) {
       }
       snprintf(st, sizeof st, "%s.%s", r[j].step, again ? "again" : "first");
       snprintf(wh, sizeof wh,
-               "dispatch-send's sending block of 1 token (one-warp prep, 512 threads), trace on: %s; %s (globaltimer)",
-               r[j].what, again ? "the next launch" : "first run in its launch, after other code on every SM");
+               "1 token's sending block (one-warp prep, 512 threads, trace on): %s; %s (globaltimer)", r[j].what,
+               again ? "the next launch" : "its code's first run, after other code on every SM");
       pr_row(p, st, wh, ns, n);
     }
   free(h);
