@@ -8,8 +8,8 @@
  * run. Median, p99 and minimum over many trials after warm-up. Needs
  * nothing of the library but its headers (the prep step runs its code).
  * This file: the SM clock, the timer's resolution, the table and main; the
- * steps are in mc_probe_memory.cu, mc_probe_launch.cu and
- * mc_probe_prep.cu (mc_probe.h). */
+ * steps are in mc_probe_memory.cu, mc_probe_bulk.cu, mc_probe_launch.cu
+ * and mc_probe_prep.cu (mc_probe.h). */
 #include <getopt.h>
 #include <string.h>
 #include <time.h>

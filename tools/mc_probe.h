@@ -8,11 +8,11 @@
  * ends: polls give up after PR_DEADLINE_NS and say so in *fail, timed spins
  * stop by %globaltimer or after as many polls as nanoseconds.
  *   mc_probe.cu         the run: the SM clock, the timer's resolution, the table, main
- *   mc_probe_memory.cu  loads, releases and fences, flags, copies, sums, counts, the bulk of a phase
- *                       (also beside pollers)
+ *   mc_probe_memory.cu  loads, releases and fences, flags, copies, sums, counts
+ *   mc_probe_bulk.cu    the bulk of a phase on each kernel's grid, also beside pollers
  *   mc_probe_launch.cu  dependent launches, graph replays, code fetched, a launch's first reads
  *   mc_probe_prep.cu    the block prep, the slot bases and a 1-token sending block, by the
- *                       library's own functions, warm and as their code's first run */
+ *                       library's own functions, warm and as their code's first execution */
 #ifndef MC_PROBE_H
 #define MC_PROBE_H
 
@@ -111,6 +111,33 @@ PR_DEV void pr_dep_wait(void) {
 }
 
 
+/* bf16 as the kernels treat it (steps 9 and 12): a word's two values
+ * widened to fp32, rounding to nearest even, 8 values of a 16-byte load
+ * each w * x rounded then added (no fused multiply-add) */
+PR_DEV float pr_bf16_lo(int w) { return __int_as_float(w << 16); }
+PR_DEV float pr_bf16_hi(int w) { return __int_as_float(w & (int)0xffff0000); }
+PR_DEV uint32_t pr_to_bf16(float f) {
+  const uint32_t u = (uint32_t)__float_as_int(f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+PR_DEV void pr_acc16(float acc[8], float w, int4 v) {
+  const int x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    acc[2 * e] = __fadd_rn(acc[2 * e], __fmul_rn(w, pr_bf16_lo(x[e])));
+    acc[2 * e + 1] = __fadd_rn(acc[2 * e + 1], __fmul_rn(w, pr_bf16_hi(x[e])));
+  }
+}
+/* a lane's 8 sums rounded to bf16, two a word */
+PR_DEV int4 pr_pack_bf16(const float acc[8]) {
+  int4 o;
+  o.x = (int)(pr_to_bf16(acc[0]) | pr_to_bf16(acc[1]) << 16);
+  o.y = (int)(pr_to_bf16(acc[2]) | pr_to_bf16(acc[3]) << 16);
+  o.z = (int)(pr_to_bf16(acc[4]) | pr_to_bf16(acc[5]) << 16);
+  o.w = (int)(pr_to_bf16(acc[6]) | pr_to_bf16(acc[7]) << 16);
+  return o;
+}
+
 /* ---- the host side ---- */
 #define PR_ROWS 128
 #define PR_PDL_SPIN_NS 20000
@@ -154,10 +181,11 @@ void pr_row_cycles(pr_t *p, const char *step, const char *what, int n, double pe
  * measured gap waits for the host */
 __global__ void pr_k_spin(uint64_t ns);
 
-/* mc_probe_memory.cu: steps 1, 6, 9 and 10; 2; 3; 12 */
+/* mc_probe_memory.cu: steps 1, 6, 9 and 10; 2; 3 */
 void pr_loads_copy(pr_t *p);
 void pr_release(pr_t *p);
 void pr_flags(pr_t *p);
+/* mc_probe_bulk.cu: step 12 */
 void pr_bulk(pr_t *p);
 /* mc_probe_launch.cu: steps 4; 5; 8; 11 */
 void pr_pdl(pr_t *p);
@@ -165,7 +193,7 @@ void pr_graphs(pr_t *p);
 void pr_code(pr_t *p);
 void pr_first(pr_t *p);
 /* other code run on every SM, as a round's other kernels leave the SMs'
- * instruction caches: before a step timed as its code's first run */
+ * instruction caches: before a step timed as its code's first execution */
 void pr_evict(pr_t *p);
 /* mc_probe_prep.cu: steps 13, 14 and 15 */
 void pr_prep(pr_t *p);

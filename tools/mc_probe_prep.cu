@@ -1,10 +1,11 @@
-/* mc_probe_prep.cu - mc-probe's steps run by the library's own functions
+/* mc_probe_prep.cu - mc-probe's steps done by the library's own functions
  * in one block alone, each timed apart: the block prep of a 128-token call
  * of the DeepSeek-V3 layer at one rank (13, src/gpu/mc_gpu_prep.cuh) and
  * dispatch-recv's slot bases (14, src/gpu/mc_gpu_dispatch_recv.cuh). The
  * only file of mc-probe that uses the library's headers: what it times is
- * their code, not a copy of it. Each is timed warm and as the first run
- * of its code in a launch, after other code on every SM (pr_evict). */
+ * their code, not a copy of it. Each is timed warm and as the first
+ * execution of its code in a launch, after other code on every SM
+ * (pr_evict). */
 #include <string.h>
 
 #include "mc_gpu.h"
@@ -18,7 +19,7 @@ static __device__ __forceinline__ void mc_t_signal(const mc_kargs_t *, int, uint
 #include "mc_probe.h"
 
 /* ---- 13. the block prep: every thread of a 512-thread block, as each
- * block of a one-launch dispatch-send runs it (mc_dispatch_prep_body):
+ * block of a one-launch dispatch-send executes it (mc_dispatch_prep_body):
  * shared memory zeroed (a barrier), then each scanning lane's token
  * loaded, checked and routed (mc_prep_load, mc_prep_ranks: thread 0's
  * token, its data in hand), then placed (mc_prep_place: shared-memory
@@ -106,12 +107,12 @@ void pr_prep(pr_t *p) {
       "the same: placed (shared-memory masks, barrier, the columns' scan over 8 warps, barrier) (clock64)",
       "the same: record indices and positions stored, a barrier (clock64)"};
   uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 4 * (size_t)n), *col = (uint64_t *)pr_malloc(sizeof *col * (size_t)n);
-  /* run 0: trials in one launch after warm ones (the code in the SM's
-   * caches); run 1: each trial the first run in its launch, after other
+  /* cold 0: trials in one launch after warm ones (the code in the SM's
+   * caches); cold 1: each trial the first execution in its launch, after other
    * code on every SM (pr_evict) */
-  for (int run = 0; run < 2; run++) {
-    if (run == 0) pr_k_prep<<<1, 512, smem, p->st>>>(a, PR_WARM, n, p->out);
-    for (int t = 0; run == 1 && t < n; t++) {
+  for (int cold = 0; cold < 2; cold++) {
+    if (cold == 0) pr_k_prep<<<1, 512, smem, p->st>>>(a, PR_WARM, n, p->out);
+    for (int t = 0; cold == 1 && t < n; t++) {
       pr_evict(p);
       pr_k_prep<<<1, 512, smem, p->st>>>(a, 0, 1, p->out + 4 * t);
     }
@@ -120,10 +121,11 @@ void pr_prep(pr_t *p) {
     CK(cudaMemcpy(c, p->out, sizeof *c * 4 * (size_t)n, cudaMemcpyDeviceToHost));
     for (int j = 0; j < 4; j++) {
       char st[40], wh[200];
-      snprintf(st, sizeof st, "%s%s", step[j], run ? ".first" : "");
-      snprintf(wh, sizeof wh, run ? "%s as the first run of its code in a launch, after other code on every SM (clock64)"
-                                  : "%s",
-               run ? step[j] : what[j]);
+      snprintf(st, sizeof st, "%s%s", step[j], cold ? ".first" : "");
+      snprintf(wh, sizeof wh,
+               cold ? "%s as the first execution of its code in a launch, after other code on every SM (clock64)"
+                    : "%s",
+               cold ? step[j] : what[j]);
       for (int i = 0; i < n; i++) col[i] = c[4 * i + j];
       CK(cudaMemcpy(p->out, col, sizeof *col * (size_t)n, cudaMemcpyHostToDevice));
       pr_row_cycles(p, st, wh, n, 1);
@@ -175,13 +177,13 @@ void pr_bases(pr_t *p) {
                 "dispatch-recv's slot bases, one source, 256 local experts, block 0 of 512 threads (counts stored, "
                 "load sums added), a barrier (clock64)",
                 p->trials, 1);
-  for (int t = 0; t < p->trials; t++) { /* the first run in a launch, after other code on every SM */
+  for (int t = 0; t < p->trials; t++) { /* the first execution in a launch, after other code on every SM */
     pr_evict(p);
     pr_k_bases<<<1, 512, smem, p->st>>>(a, 0, 1, p->out + t);
   }
-  pr_sync(p, "slot bases, first run");
+  pr_sync(p, "slot bases, first execution");
   pr_row_cycles(p, "bases.256.first",
-                "the same, the first run of the code in its launch, after other code on every SM (clock64)", p->trials,
+                "the same, the first execution of the code in its launch, after other code on every SM (clock64)", p->trials,
                 1);
   CK(cudaFree(a.ws));
   CK(cudaFree(a.expert_count));
@@ -205,7 +207,7 @@ static __global__ void __launch_bounds__(512) pr_k_tiny(mc_kargs_t a) {
 }
 
 /* 15. one token of top-8 of 256 at one rank, max_tokens 128; each trial
- * the first run in its launch after other code on every SM, then again in
+ * the first execution in its launch after other code on every SM, then again in
  * the next launch */
 void pr_tiny(pr_t *p) {
   const int K = PR_PREP_K, n = p->trials, TW = MC_TK_N * MC_TRACE_SLOTS;
@@ -252,7 +254,7 @@ void pr_tiny(pr_t *p) {
       snprintf(st, sizeof st, "%s.%s", r[j].step, again ? "again" : "first");
       snprintf(wh, sizeof wh,
                "1 token's sending block (one-warp prep, 512 threads, trace on): %s; %s (globaltimer)", r[j].what,
-               again ? "the next launch" : "its code's first run, after other code on every SM");
+               again ? "the next launch" : "its code's first execution, after other code on every SM");
       pr_row(p, st, wh, ns, n);
     }
   free(h);

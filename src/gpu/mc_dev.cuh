@@ -108,10 +108,10 @@ MC_DEV uint64_t mc_globaltimer_ns(void) {
 /* The diagnostic trace (MC_GPU_TRACE=file, see mc_gpu_host.c): per kernel,
  * slot 0 the first block's start and 1 the last block's (how long blocks
  * waited for SMs), 2..10 checkpoints c0..c8 (the last block to pass each),
- * 11 the last block's end (after a block barrier: a stamp per warp, thousands of
- * atomics on one word, would take microseconds of its own). globaltimer is one
- * clock for every process on a GPU, so ranks sharing a GPU line up. Off
- * (a->trace NULL) it costs one branch. */
+ * 11 the last block's end (after a block barrier: a stamp per warp,
+ * thousands of atomics on one word, would take microseconds of its own).
+ * globaltimer is one clock for every process on a GPU, so ranks sharing a
+ * GPU line up. Off (a->trace NULL) it costs one branch. */
 MC_DEV void mc_trace_start(const mc_kargs_t *a, int k) {
   if (a->trace && threadIdx.x == 0) {
     unsigned long long t = mc_globaltimer_ns();
@@ -128,7 +128,8 @@ MC_DEV void mc_trace_end(const mc_kargs_t *a, int k) {
   if (!a->trace) return;
   __syncthreads();
   if (threadIdx.x == 0)
-    atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + MC_TRACE_SLOTS - 1], (unsigned long long)mc_globaltimer_ns());
+    atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + MC_TRACE_SLOTS - 1],
+              (unsigned long long)mc_globaltimer_ns());
 }
 
 /* Record the first failure of this round and make every later wait bail.
