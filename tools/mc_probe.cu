@@ -249,6 +249,7 @@ int main(int argc, char **argv) {
   if (p.cc_major >= 9) pr_pdl(&p); /* griddepcontrol needs sm_90 */
   pr_graphs(&p);
   pr_code(&p);
+  pr_jump(&p);
   pr_first(&p);
   pr_bulk(&p);
   pr_prep(&p);

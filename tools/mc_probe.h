@@ -187,10 +187,11 @@ void pr_release(pr_t *p);
 void pr_flags(pr_t *p);
 /* mc_probe_bulk.cu: step 12 */
 void pr_bulk(pr_t *p);
-/* mc_probe_launch.cu: steps 4; 5; 8; 11 */
+/* mc_probe_launch.cu: steps 4; 5; 8; 8b; 11 */
 void pr_pdl(pr_t *p);
 void pr_graphs(pr_t *p);
 void pr_code(pr_t *p);
+void pr_jump(pr_t *p);
 void pr_first(pr_t *p);
 /* other code run on every SM, as a round's other kernels leave the SMs'
  * instruction caches: before a step timed as its code's first execution */

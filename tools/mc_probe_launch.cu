@@ -1,7 +1,7 @@
 /* mc_probe_launch.cu - mc-probe's steps of launching: programmatic
  * dependent launch (4), graph replays of empty kernels (5), code fetched
- * once per launch (8), a launch's first reads (11): their kernels, then the
- * host side that runs them. */
+ * once per launch (8) and past a far jump (8b), a launch's first reads
+ * (11): their kernels, then the host side that runs them. */
 #include <string.h>
 
 #include "mc_probe.h"
@@ -60,6 +60,34 @@ static __global__ void pr_k_empty(void) {
 PR_CODE_KERNEL(pr_k_code128, 128)
 PR_CODE_KERNEL(pr_k_code512, 512)
 PR_CODE_KERNEL(pr_k_code2048, 2048)
+/* ---- 8b. far jumps: one warp through PR_JUMPS dependent steps as in 8,
+ * each followed by P steps it jumps over (a branch on an argument that is
+ * never true, as a kernel's common path jumps over its rare cases' code),
+ * first and second pass in a launch after other code on every SM. Against
+ * P = 0 (no branch), what a jump to code not yet fetched costs: the
+ * straight-line code of 8 is fetched ahead of the warp, a jump's target
+ * past what was fetched is not. out as in 8. ---- */
+#define PR_JUMPS 16
+#define PR_JUMP_KERNEL(name, P)                                                                                      \
+  static __global__ void __launch_bounds__(32) name(uint32_t seed, int trial, uint64_t *out, int never) {            \
+    uint32_t x = seed + threadIdx.x;                                                                                 \
+    _Pragma("unroll 1") for (int pass = 0; pass < 2; pass++) {                                                       \
+      const uint64_t c0 = pr_clock();                                                                                \
+      x += (uint32_t)(c0 >> 63);                                                                                     \
+      _Pragma("unroll") for (int j = 0; j < PR_JUMPS; j++) {                                                         \
+        x = __funnelshift_l(x, x, 1 + j % 31) + j * 2654435761u;                                                     \
+        if ((P) > 0 && never == j + 1)                                                                               \
+          _Pragma("unroll") for (int i = 0; i < (P); i++) x = __funnelshift_l(x, x, 1 + (i + j) % 31) +              \
+                                                               (uint32_t)(i * 40503 + j) * 2246822519u;              \
+      }                                                                                                              \
+      const uint64_t c1 = pr_clock_after(x);                                                                         \
+      if (threadIdx.x == 0) out[2 * trial + pass] = c1 - c0;                                                         \
+    }                                                                                                                \
+  }
+PR_JUMP_KERNEL(pr_k_jump0, 0)
+PR_JUMP_KERNEL(pr_k_jump16, 16)
+PR_JUMP_KERNEL(pr_k_jump128, 128)
+PR_JUMP_KERNEL(pr_k_jump1024, 1024)
 /* other code, launched on every SM before each trial: what a round's other
  * kernels do to the SM's instruction caches */
 PR_CODE_KERNEL(pr_k_code_evict, 8192)
@@ -255,6 +283,46 @@ void pr_code(pr_t *p) {
                "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch, after other "
                "code on every SM (clock64)",
                k[j].steps, pass ? "second" : "first");
+      pr_row(p, step, what, ns, n);
+    }
+  }
+  free(c);
+  free(ns);
+}
+
+/* 8b. far jumps: PR_JUMPS of them over 0, 16, 128 and 1024 steps of code
+ * each (nvcc 13 for sm_90: 0, 0.5, 4 and 32 KB), first and second pass,
+ * each launch after other code on every SM as in 8 */
+void pr_jump(pr_t *p) {
+  static const struct {
+    const void *fn;
+    int steps;
+  } k[4] = {{(const void *)pr_k_jump0, 0},
+            {(const void *)pr_k_jump16, 16},
+            {(const void *)pr_k_jump128, 128},
+            {(const void *)pr_k_jump1024, 1024}};
+  const int n = p->trials, all = n + PR_WARM;
+  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
+  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
+  for (int j = 0; j < 4; j++) {
+    for (int t = 0; t < all; t++) {
+      uint32_t seed = (uint32_t)t;
+      int never = 0;
+      void *args[] = {&seed, &t, &p->out, &never};
+      pr_evict(p);
+      CK(cudaLaunchKernel(k[j].fn, dim3(1), dim3(32), args, 0, p->st));
+    }
+    pr_sync(p, "jump");
+    CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
+    for (int pass = 0; pass < 2; pass++) {
+      char step[40], what[200];
+      for (int t = 0; t < n; t++)
+        ns[t] = (double)c[2 * (t + PR_WARM) + pass] * 1000.0 / p->mhz;
+      snprintf(step, sizeof step, "jump.%s.%d", pass ? "second" : "first", k[j].steps);
+      snprintf(what, sizeof what,
+               "one warp, %d dependent steps, each then jumping over %d steps of code, %s pass in its launch, after "
+               "other code on every SM (clock64)",
+               PR_JUMPS, k[j].steps, pass ? "second" : "first");
       pr_row(p, step, what, ns, n);
     }
   }
