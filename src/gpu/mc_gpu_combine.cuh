@@ -122,17 +122,14 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   }
   mc_trace_end(&a, MC_TK_CSEND);
 }
-/* One inlined copy of the body per wire dtype: with the dtype a constant,
- * each copy holds only its own loads and conversions in registers (one
- * generic body needed 225 registers per thread, one block per SM). */
-MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking) {
+/* A kernel per wire dtype (mc_gpu_table.cuh): with the dtype a constant,
+ * each holds only its own loads and conversions in registers (one generic
+ * body needed 225 registers per thread, one block per SM), and its code
+ * alone. */
+MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking, const int dt) {
   mc_pdl_launch_dependents();
   if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  switch (a.in_dtype) {
-  case MC_DTYPE_BF16: mc_combine_send_body(a, masking, MC_DTYPE_BF16); break;
-  case MC_DTYPE_FP16: mc_combine_send_body(a, masking, MC_DTYPE_FP16); break;
-  default: mc_combine_send_body(a, masking, MC_DTYPE_FP32); break;
-  }
+  mc_combine_send_body(a, masking, dt);
 }
 
 /* ---- combine-recv (whole grid) ----
@@ -211,37 +208,15 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   }
 }
 
-/* Call body(a, in, out) with the (wire, output) dtype pair as constants for
- * the common pairs (one inlined copy each, as for combine-send), one
- * generic copy for the others. Both combine-recv kernels use it. */
-#define MC_BY_DTYPE_PAIR(body, a)                                                                                      \
-  do {                                                                                                                 \
-    if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_BF16) body(a, MC_DTYPE_BF16, MC_DTYPE_BF16);       \
-    else if ((a).in_dtype == MC_DTYPE_BF16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_BF16, MC_DTYPE_FP32);  \
-    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP16) body(a, MC_DTYPE_FP16, MC_DTYPE_FP16);  \
-    else if ((a).in_dtype == MC_DTYPE_FP16 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP16, MC_DTYPE_FP32);  \
-    else if ((a).in_dtype == MC_DTYPE_FP32 && (a).out_dtype == MC_DTYPE_FP32) body(a, MC_DTYPE_FP32, MC_DTYPE_FP32);  \
-    else body(a, (a).in_dtype, (a).out_dtype);                                                                         \
-  } while (0)
-
-/* the body with masking a constant: the kernels below, plain and masked */
-MC_DEV void mc_combine_recv_plain(const mc_kargs_t &a, const int dt, const int odt) { mc_combine_recv_body(a, 0, dt, odt); }
-MC_DEV void mc_combine_recv_masked(const mc_kargs_t &a, const int dt, const int odt) {
-  mc_combine_recv_body(a, 1, dt, odt);
-}
-
 /* Launched early (mc_gpu_launch.cuh), it waits for its own rank's
  * combine-send only at its end: everything it reads before was written by
  * dispatch, long finished, or arrives signalled (its own rows too), so it
  * sums rows while the sender still runs; the wait keeps later work on the
- * stream after both. */
-MC_DEV void mc_combine_recv_kernel(const mc_kargs_t &a, const int masking) {
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) {
-  } else if (masking) {
-    MC_BY_DTYPE_PAIR(mc_combine_recv_masked, a);
-  } else {
-    MC_BY_DTYPE_PAIR(mc_combine_recv_plain, a);
-  }
+ * stream after both. A kernel per (wire, output) dtype pair where the
+ * pair is common, as for combine-send; one with the dtypes read from the
+ * arguments for the others (mc_gpu_table.cuh). */
+MC_DEV void mc_combine_recv_kernel(const mc_kargs_t &a, const int masking, const int dt, const int odt) {
+  if (!mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) mc_combine_recv_body(a, masking, dt, odt);
   mc_pdl_wait();
 }
 

@@ -39,7 +39,10 @@ static mc_result_t mc_gpu_kernel_limits(mc_a2a_t *a2a) {
   /* each role's kernel for this handle, from the table (mc_gpu_table.cuh) */
   const int quant = a2a->cfg.dispatch_input == MC_INPUT_BF16_TO_E4M3;
   for (int r = 0; r < MC_KR_COUNT; r++)
-    for (int m = 0; m < 2; m++) g->kern[r][m] = r == MC_KR_ONLY ? NULL : mc_kernel_pick(r, m, quant, s->topk);
+    for (int m = 0; m < 2; m++)
+      g->kern[r][m] = r == MC_KR_ONLY ? NULL
+                                      : mc_kernel_pick(r, m, quant, s->topk, (int)a2a->cfg.combine_in_dtype,
+                                                       (int)a2a->cfg.combine_out_dtype);
   for (int m = 0; m < 2 && mc_prep_smem_bytes(s) > (48u << 10) && e == cudaSuccess; m++)
     e = cudaFuncSetAttribute(g->kern[MC_KR_PREP][m], cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)mc_prep_smem_bytes(s));
