@@ -19,6 +19,78 @@ MC_DEV uint64_t mc_rows_target(const mc_kargs_t &a, int src) {
   return seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s);
 }
 
+/* A staged member's segment is in staging (stored by this warp, or by the
+ * block before a barrier): count it; the warp that counts a row's last
+ * segment puts the whole row to every staged member (the unit of the
+ * signal is a segment for every source, direct or not). One warp. */
+MC_DEV void mc_csend_put_staged(const mc_kargs_t &a, const int i, const int segs, const int first,
+                                const uint64_t dst_off, const unsigned char *stage, uint32_t *rowdone) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();
+  uint32_t done = 0;
+  if (lane == 0) {
+    __threadfence(); /* the segment's stores before the count another warp acts on */
+    done = atomicAdd(&rowdone[i], 1u);
+  }
+  done = __shfl_sync(0xffffffffu, done, 0);
+  if (done != (uint32_t)segs - 1) return;
+  if (lane == 0) rowdone[i] = 0; /* for the next round */
+  /* the other warps' segments, seen through the count, before the put */
+  mc_fence_peers(&a);
+  for (int p = first; p < first + a.s.group_size; p++)
+    if (!mc_t_peer_window(&a, p))
+      mc_t_put_signal_warp(&a, dst_off, stage, mc_row_bytes(&a.s), MC_SIG_COMB_ROWS, (uint64_t)segs, MC_SIG_ADD, p);
+}
+
+/* Combine-send at decode sizes (a call's segments no more than its
+ * blocks): block b sums item b = (record, segment), 8 bytes of the
+ * segment a thread, with MC_CSEND_ROWS experts' loads in flight at once,
+ * not the MC_SEG_ROWS a warp's registers allow for its 64 bytes a lane.
+ * The same fp32 operations in the same order as the warp path: the same
+ * bits. */
+#define MC_CSEND_ROWS 8
+static_assert(MC_SEG_BYTES == 8 * MC_CSEND_THREADS, "a thread of combine-send's block path holds 8 bytes of a segment");
+MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, const int dt, uint32_t *count,
+                                uint32_t *rowdone) {
+  const mc_shape_t *s = &a.s;
+  const int G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
+  const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+  const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
+  const int n = r->n_targets, first = (r->src_rank / G) * G;
+  const uint64_t row_bytes = mc_row_bytes(s), dst_off = mc_comb_recv_off(s, a.rank, r->token);
+  const uint64_t off = (uint64_t)sg * MC_SEG_BYTES + 8u * threadIdx.x; /* this thread's bytes of the row */
+  const bool in_row = off < row_bytes; /* rows are a multiple of 16 bytes */
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int k = 0; k < n; k += MC_CSEND_ROWS) {
+    uint2 v[MC_CSEND_ROWS];
+    float w[MC_CSEND_ROWS];
+#pragma unroll
+    for (int j = 0; j < MC_CSEND_ROWS; j++) {
+      const int kj = (k + j) & 31;
+      const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, kj) * cap +
+                          (uint64_t)__shfl_sync(0xffffffffu, mine.pos, kj);
+      w[j] = __shfl_sync(0xffffffffu, mine.weight, kj);
+      v[j] = k + j < n && in_row ? *(const uint2 *)((const unsigned char *)a.expert_y + at * row_bytes + off)
+                                 : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < MC_CSEND_ROWS; j++)
+      if (k + j < n) mc_acc4(acc, w[j], v[j], dt);
+  }
+  const uint2 q = mc_pack4(acc, dt);
+  bool any_staged = false;
+  for (int p = first; p < first + G; p++) {
+    unsigned char *peer = mc_t_peer_window(&a, p);
+    any_staged |= peer == NULL;
+    if (peer && in_row) *(uint2 *)(peer + dst_off + off) = q;
+    if (peer && threadIdx.x == 0) atomicAdd(&count[p], 1u); /* the block barrier before its signals orders all stores */
+  }
+  if (!any_staged) return;
+  unsigned char *stage = a.win + mc_comb_send_off(s, i);
+  if (in_row) *(uint2 *)(stage + off) = q;
+  __syncthreads();
+  if (threadIdx.x < 32) mc_csend_put_staged(a, i, mc_row_segs(s), first, dst_off, stage, rowdone);
+}
 
 /* ---- combine-send (whole grid): one warp per (received record, row segment) ----
  * Enter the round barrier, then for each segment of each pre-reduced row:
@@ -41,10 +113,10 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
   __syncthreads();
-  /* the round barrier's signals, by block 0's last warp: a release holds
-   * up the warp that makes it (mc-probe times it), and at decode sizes
-   * the rows go to the first warps only */
-  if (blockIdx.x == 0 && (int)(threadIdx.x >> 5) == (int)(blockDim.x >> 5) - 1) {
+  /* the round barrier's signals, by the last block's last warp: a release
+   * holds up the warp that makes it (mc-probe times it), and that warp is
+   * the last one dealt an item, in either path below */
+  if (blockIdx.x == gridDim.x - 1 && (int)(threadIdx.x >> 5) == (int)(blockDim.x >> 5) - 1) {
     for (int p = threadIdx.x & 31; p < W; p += 32)
       if (!mc_masked(masking, &a, p)) mc_signal_set(a, p, MC_SIG_COMB_BAR, round);
   }
@@ -53,10 +125,15 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   const int64_t seg_groups = mc_seg_groups(dt);
   const int64_t row_groups = s->hidden / 8;
   uint32_t *rowdone = mc_ws_u32(&a, mc_ws_rowdone_off(s));
-  /* items dealt to blocks first: a decode call's few segments run on as
-   * many SMs, not all on block 0's */
+  /* decode sizes: a block an item (mc_csend_block_item); else items dealt
+   * to blocks first, a warp each, so that a call's few segments run on as
+   * many SMs */
+  const int items = n_route * segs;
+  const bool per_block = items <= (int)gridDim.x; /* the same in every block */
+  if (per_block && (int)blockIdx.x < items)
+    mc_csend_block_item(a, (int)blockIdx.x / segs, (int)blockIdx.x % segs, dt, count, rowdone);
   const int gw = (int)(threadIdx.x >> 5) * (int)gridDim.x + (int)blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
-  for (int it = gw; it < n_route * segs; it += nw) {
+  for (int it = per_block ? items : gw; it < items; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
     /* the entry and its targets in one round trip: lane k loads the k-th
@@ -93,24 +170,9 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
       for (int p = first; p < first + G; p++)
         if (mc_t_peer_window(&a, p)) atomicAdd(&count[p], 1u);
     if (!any_staged) continue;
-    /* staged members get the whole row by one put: count this segment done,
-     * the row's last segment puts it, adding segs to the signal (the unit
-     * is a segment for every source, direct or not) */
+    /* staged members get the whole row by one put */
     mc_seg_store(stage, acc, seg, dt, dt);
-    __syncwarp();
-    uint32_t done = 0;
-    if (lane == 0) {
-      __threadfence(); /* our segment's stores before the count another warp acts on */
-      done = atomicAdd(&rowdone[i], 1u);
-    }
-    done = __shfl_sync(0xffffffffu, done, 0);
-    if (done != (uint32_t)segs - 1) continue;
-    if (lane == 0) rowdone[i] = 0; /* for the next round */
-    /* the other warps' segments, seen through the count, before the put */
-    mc_fence_peers(&a);
-    for (int p = first; p < first + G; p++)
-      if (!mc_t_peer_window(&a, p))
-        mc_t_put_signal_warp(&a, dst_off, stage, row_bytes, MC_SIG_COMB_ROWS, (uint64_t)segs, MC_SIG_ADD, p);
+    mc_csend_put_staged(a, i, segs, first, dst_off, stage, rowdone);
   }
   mc_trace_point(&a, MC_TK_CSEND, 1);
   mc_block_signal_counts(a, count, MC_SIG_COMB_ROWS);

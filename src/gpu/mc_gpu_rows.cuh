@@ -71,6 +71,29 @@ MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
   for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_raw8_elem(r, e, dt)));
 }
 
+/* ---- 8 bytes at a time (4 bf16/fp16 values, 2 fp32): combine-send's
+ * block path, a thread's share of a segment ---- */
+MC_DEV float mc_u2_elem(const uint2 &r, int e, int dt) {
+  if (dt == MC_DTYPE_FP32) return __uint_as_float(e == 0 ? r.x : r.y);
+  const uint32_t w = (e >> 1) ? r.y : r.x;
+  const uint16_t h = (uint16_t)((e & 1) ? (w >> 16) : (w & 0xffffu));
+  return dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h) : mc_dev_f16_to_f32(h);
+}
+/* acc += w * x, element by element, as mc_acc8 */
+MC_DEV void mc_acc4(float acc[4], float w, const uint2 &r, int dt) {
+#pragma unroll
+  for (int e = 0; e < 4; e++)
+    if (dt != MC_DTYPE_FP32 || e < 2) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_u2_elem(r, e, dt)));
+}
+/* the sums rounded to dt as mc_store8 rounds them */
+MC_DEV uint2 mc_pack4(const float v[4], int dt) {
+  if (dt == MC_DTYPE_FP32) return make_uint2(__float_as_uint(v[0]), __float_as_uint(v[1]));
+  uint16_t h[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) h[j] = dt == MC_DTYPE_BF16 ? mc_f32_to_bf16(v[j]) : mc_dev_f32_to_f16(v[j]);
+  return make_uint2((uint32_t)h[0] | (uint32_t)h[1] << 16, (uint32_t)h[2] | (uint32_t)h[3] << 16);
+}
+
 /* ---- a warp's share of one row segment (MC_SEG_BYTES): lane owns the
  * 8-element groups g0 + lane + 32 q, four loads in flight per lane ---- */
 #define MC_SEG_GROUPS_PER_LANE 4 /* 32 lanes x 4 groups x 8 bf16 = MC_SEG_BYTES */
