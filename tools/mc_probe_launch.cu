@@ -45,36 +45,19 @@ static __global__ void pr_k_empty(void) {
  * per launch (the chain is dependent, so the fetcher may run ahead of it:
  * a lower bound). out[2 * trial + pass], cycles; the chain starts after the
  * first clock read (it takes in a bit of it) and the second waits for its
- * end. ---- */
-#define PR_CODE_KERNEL(name, N)                                                                                      \
-  static __global__ void __launch_bounds__(32) name(uint32_t seed, int trial, uint64_t *out) {                       \
-    uint32_t x = seed + threadIdx.x;                                                                                 \
-    _Pragma("unroll 1") for (int pass = 0; pass < 2; pass++) {                                                       \
-      const uint64_t c0 = pr_clock();                                                                                \
-      x += (uint32_t)(c0 >> 63);                                                                                     \
-      _Pragma("unroll") for (int i = 0; i < (N); i++) x = __funnelshift_l(x, x, 1 + i % 31) + i * 2654435761u;        \
-      const uint64_t c1 = pr_clock_after(x);                                                                         \
-      if (threadIdx.x == 0) out[2 * trial + pass] = c1 - c0;                                                         \
-    }                                                                                                                \
-  }
-PR_CODE_KERNEL(pr_k_code128, 128)
-PR_CODE_KERNEL(pr_k_code512, 512)
-PR_CODE_KERNEL(pr_k_code2048, 2048)
-/* ---- 8b. far jumps: one warp through PR_JUMPS dependent steps as in 8,
- * each followed by P steps it jumps over (a branch on an argument that is
- * never true, as a kernel's common path jumps over its rare cases' code),
- * first and second pass in a launch after other code on every SM. Against
- * P = 0 (no branch), what a jump to code not yet fetched costs: the
- * straight-line code of 8 is fetched ahead of the warp, a jump's target
- * past what was fetched is not. out as in 8. ---- */
-#define PR_JUMPS 16
-#define PR_JUMP_KERNEL(name, P)                                                                                      \
+ * end.
+ * 8b. far jumps: the same with each step followed by P steps it jumps over
+ * (a branch on an argument that is never true, as a kernel's common path
+ * jumps over its rare cases' code). Against P = 0, what a jump to code not
+ * yet fetched costs: straight-line code is fetched ahead of the warp, a
+ * jump's target past what was fetched is not. ---- */
+#define PR_FETCH_KERNEL(name, N, P)                                                                                  \
   static __global__ void __launch_bounds__(32) name(uint32_t seed, int trial, uint64_t *out, int never) {            \
     uint32_t x = seed + threadIdx.x;                                                                                 \
     _Pragma("unroll 1") for (int pass = 0; pass < 2; pass++) {                                                       \
       const uint64_t c0 = pr_clock();                                                                                \
       x += (uint32_t)(c0 >> 63);                                                                                     \
-      _Pragma("unroll") for (int j = 0; j < PR_JUMPS; j++) {                                                         \
+      _Pragma("unroll") for (int j = 0; j < (N); j++) {                                                              \
         x = __funnelshift_l(x, x, 1 + j % 31) + j * 2654435761u;                                                     \
         if ((P) > 0 && never == j + 1)                                                                               \
           _Pragma("unroll") for (int i = 0; i < (P); i++) x = __funnelshift_l(x, x, 1 + (i + j) % 31) +              \
@@ -84,20 +67,24 @@ PR_CODE_KERNEL(pr_k_code2048, 2048)
       if (threadIdx.x == 0) out[2 * trial + pass] = c1 - c0;                                                         \
     }                                                                                                                \
   }
-PR_JUMP_KERNEL(pr_k_jump0, 0)
-PR_JUMP_KERNEL(pr_k_jump16, 16)
-PR_JUMP_KERNEL(pr_k_jump128, 128)
-PR_JUMP_KERNEL(pr_k_jump1024, 1024)
+PR_FETCH_KERNEL(pr_k_code128, 128, 0)
+PR_FETCH_KERNEL(pr_k_code512, 512, 0)
+PR_FETCH_KERNEL(pr_k_code2048, 2048, 0)
+#define PR_JUMPS 16
+PR_FETCH_KERNEL(pr_k_jump0, PR_JUMPS, 0)
+PR_FETCH_KERNEL(pr_k_jump16, PR_JUMPS, 16)
+PR_FETCH_KERNEL(pr_k_jump128, PR_JUMPS, 128)
+PR_FETCH_KERNEL(pr_k_jump1024, PR_JUMPS, 1024)
 /* other code, launched on every SM before each trial: what a round's other
  * kernels do to the SM's instruction caches */
-PR_CODE_KERNEL(pr_k_code_evict, 8192)
+PR_FETCH_KERNEL(pr_k_code_evict, 8192, 0)
 static __device__ uint64_t pr_evict_sink[2]; /* its samples, never read */
 void pr_evict(pr_t *p) {
   uint64_t *sink;
   uint32_t seed = 1;
-  int t = 0;
+  int t = 0, never = 0;
   CK(cudaGetSymbolAddress((void **)&sink, pr_evict_sink));
-  void *args[] = {&seed, &t, &sink};
+  void *args[] = {&seed, &t, &sink, &never};
   CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), args, 0, p->st));
 }
 
@@ -252,59 +239,18 @@ void pr_pdl(pr_t *p) {
   free(rec);
 }
 
-/* 8. code fetched once per launch: straight-line code of 128, 512 and
- * 2048 steps (nvcc 13 for sm_90: 2.7, 8.8 and 33 KB), its first pass in
- * each launch and its second, each launch after 8192 steps of other code
- * on every SM (the code itself stays in L2, as a round's kernels do) */
-void pr_code(pr_t *p) {
-  static const struct {
-    const void *fn;
-    int steps;
-  } k[3] = {{(const void *)pr_k_code128, 128}, {(const void *)pr_k_code512, 512}, {(const void *)pr_k_code2048, 2048}};
+/* 8 and 8b: a row for each pass of each kernel (its steps), each launch
+ * alone after other code on every SM (the code itself stays in L2, as a
+ * round's kernels do); what: the rows' text, taking the steps and the pass */
+typedef struct pr_fetch_kernel {
+  const void *fn;
+  int steps;
+} pr_fetch_kernel_t;
+static void pr_fetch_rows(pr_t *p, const pr_fetch_kernel_t *k, int nk, const char *tag, const char *what_fmt) {
   const int n = p->trials, all = n + PR_WARM;
   uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
-  for (int j = 0; j < 3; j++) {
-    for (int t = 0; t < all; t++) {
-      uint32_t seed = (uint32_t)t;
-      int spare = all; /* the evicting kernel's samples go past the trials' */
-      void *args[] = {&seed, &t, &p->out}, *eargs[] = {&seed, &spare, &p->out};
-      CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), eargs, 0, p->st));
-      CK(cudaLaunchKernel(k[j].fn, dim3(1), dim3(32), args, 0, p->st));
-    }
-    pr_sync(p, "code");
-    CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
-    for (int pass = 0; pass < 2; pass++) {
-      char step[40], what[200];
-      for (int t = 0; t < n; t++)
-        ns[t] = (double)c[2 * (t + PR_WARM) + pass] * 1000.0 / p->mhz;
-      snprintf(step, sizeof step, "code.%s.%d", pass ? "second" : "first", k[j].steps);
-      snprintf(what, sizeof what,
-               "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch, after other "
-               "code on every SM (clock64)",
-               k[j].steps, pass ? "second" : "first");
-      pr_row(p, step, what, ns, n);
-    }
-  }
-  free(c);
-  free(ns);
-}
-
-/* 8b. far jumps: PR_JUMPS of them over 0, 16, 128 and 1024 steps of code
- * each (nvcc 13 for sm_90: 0, 0.5, 4 and 32 KB), first and second pass,
- * each launch after other code on every SM as in 8 */
-void pr_jump(pr_t *p) {
-  static const struct {
-    const void *fn;
-    int steps;
-  } k[4] = {{(const void *)pr_k_jump0, 0},
-            {(const void *)pr_k_jump16, 16},
-            {(const void *)pr_k_jump128, 128},
-            {(const void *)pr_k_jump1024, 1024}};
-  const int n = p->trials, all = n + PR_WARM;
-  uint64_t *c = (uint64_t *)pr_malloc(sizeof *c * 2 * (size_t)all);
-  double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
-  for (int j = 0; j < 4; j++) {
+  for (int j = 0; j < nk; j++) {
     for (int t = 0; t < all; t++) {
       uint32_t seed = (uint32_t)t;
       int never = 0;
@@ -312,22 +258,42 @@ void pr_jump(pr_t *p) {
       pr_evict(p);
       CK(cudaLaunchKernel(k[j].fn, dim3(1), dim3(32), args, 0, p->st));
     }
-    pr_sync(p, "jump");
+    pr_sync(p, tag);
     CK(cudaMemcpy(c, p->out, sizeof *c * 2 * (size_t)all, cudaMemcpyDeviceToHost));
     for (int pass = 0; pass < 2; pass++) {
       char step[40], what[200];
       for (int t = 0; t < n; t++)
         ns[t] = (double)c[2 * (t + PR_WARM) + pass] * 1000.0 / p->mhz;
-      snprintf(step, sizeof step, "jump.%s.%d", pass ? "second" : "first", k[j].steps);
-      snprintf(what, sizeof what,
-               "one warp, %d dependent steps, each then jumping over %d steps of code, %s pass in its launch, after "
-               "other code on every SM (clock64)",
-               PR_JUMPS, k[j].steps, pass ? "second" : "first");
+      snprintf(step, sizeof step, "%s.%s.%d", tag, pass ? "second" : "first", k[j].steps);
+      snprintf(what, sizeof what, what_fmt, k[j].steps, pass ? "second" : "first");
       pr_row(p, step, what, ns, n);
     }
   }
   free(c);
   free(ns);
+}
+
+/* 8. code fetched once per launch: straight-line code of 128, 512 and
+ * 2048 steps (nvcc 13 for sm_90: 2.7, 8.8 and 33 KB) */
+void pr_code(pr_t *p) {
+  static const pr_fetch_kernel_t k[3] = {
+      {(const void *)pr_k_code128, 128}, {(const void *)pr_k_code512, 512}, {(const void *)pr_k_code2048, 2048}};
+  pr_fetch_rows(p, k, 3, "code",
+                "one warp, %d dependent rotate+add steps of straight-line code, %s pass in its launch, after other "
+                "code on every SM (clock64)");
+}
+
+/* 8b. far jumps: PR_JUMPS of them over 0, 16, 128 and 1024 steps of code
+ * each (nvcc 13 for sm_90: 0, 0.3, 2.5 and 20 KB) */
+static_assert(PR_JUMPS == 16, "the jump rows' text says 16 jumps");
+void pr_jump(pr_t *p) {
+  static const pr_fetch_kernel_t k[4] = {{(const void *)pr_k_jump0, 0},
+                                         {(const void *)pr_k_jump16, 16},
+                                         {(const void *)pr_k_jump128, 128},
+                                         {(const void *)pr_k_jump1024, 1024}};
+  pr_fetch_rows(p, k, 4, "jump",
+                "one warp, 16 dependent steps, each then jumping over %d steps of code, %s pass in its launch, "
+                "after other code on every SM (clock64)");
 }
 
 /* 11. a launch's first reads: the parameters (a fresh launch each trial,
@@ -338,12 +304,9 @@ void pr_first(pr_t *p) {
   double *ns = (double *)pr_malloc(sizeof *ns * (size_t)n);
   static pr_params_t prm;
   for (int t = 0; t < all; t++) {
-    uint32_t seed = (uint32_t)t;
-    int spare = 2 * all; /* the evicting kernel's samples go past the trials' */
-    void *eargs[] = {&seed, &spare, &p->out};
     for (int w = 0; w < PR_PARAM_WORDS; w++)
       prm.w[w] = (uint64_t)t * PR_PARAM_WORDS + (uint64_t)w;
-    CK(cudaLaunchKernel((const void *)pr_k_code_evict, dim3((unsigned)p->sms), dim3(32), eargs, 0, p->st));
+    pr_evict(p);
     pr_k_param<<<1, 32, 0, p->st>>>(prm, t, p->out);
   }
   pr_sync(p, "parameters");

@@ -19,6 +19,16 @@ MC_DEV uint64_t mc_rows_target(const mc_kargs_t &a, int src) {
   return seen[MC_SIG_COMB_ROWS * a.s.world_size + src] + (uint64_t)expect[src] * mc_row_segs(&a.s);
 }
 
+/* Expert row k of a record (lane j holds the entry's j-th target): its
+ * row's place in expert_y, and its weight in *w. Warp-collective. */
+MC_DEV uint64_t mc_target_row(const mc_target_t &mine, const int k, const int cap, float *w) {
+  const int kj = k & 31;
+  const uint64_t at =
+      (uint64_t)__shfl_sync(0xffffffffu, mine.expert, kj) * cap + (uint64_t)__shfl_sync(0xffffffffu, mine.pos, kj);
+  *w = __shfl_sync(0xffffffffu, mine.weight, kj);
+  return at;
+}
+
 /* A staged member's segment is in staging (stored by this warp, or by the
  * block before a barrier): count it; the warp that counts a row's last
  * segment puts the whole row to every staged member (the unit of the
@@ -66,10 +76,7 @@ MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, 
     float w[MC_CSEND_ROWS];
 #pragma unroll
     for (int j = 0; j < MC_CSEND_ROWS; j++) {
-      const int kj = (k + j) & 31;
-      const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, kj) * cap +
-                          (uint64_t)__shfl_sync(0xffffffffu, mine.pos, kj);
-      w[j] = __shfl_sync(0xffffffffu, mine.weight, kj);
+      const uint64_t at = mc_target_row(mine, k + j, cap, &w[j]);
       v[j] = k + j < n && in_row ? *(const uint2 *)((const unsigned char *)a.expert_y + at * row_bytes + off)
                                  : make_uint2(0u, 0u);
     }
@@ -150,13 +157,8 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
       const void *row[MC_SEG_ROWS];
       float w[MC_SEG_ROWS];
 #pragma unroll
-      for (int j = 0; j < MC_SEG_ROWS; j++) {
-        const int kj = (k + j) & 31;
-        const uint64_t at = (uint64_t)__shfl_sync(0xffffffffu, mine.expert, kj) * cap +
-                            (uint64_t)__shfl_sync(0xffffffffu, mine.pos, kj);
-        w[j] = __shfl_sync(0xffffffffu, mine.weight, kj);
-        row[j] = (const unsigned char *)a.expert_y + at * row_bytes;
-      }
+      for (int j = 0; j < MC_SEG_ROWS; j++)
+        row[j] = (const unsigned char *)a.expert_y + mc_target_row(mine, k + j, cap, &w[j]) * row_bytes;
       mc_seg_axpy_rows(acc, w, row, n - k, seg, dt);
     }
     bool any_staged = false;
