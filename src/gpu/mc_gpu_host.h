@@ -32,8 +32,9 @@ typedef struct mc_gpu {
                               decode batches on a GPU of its own: mc_gpu_launch.cuh) */
   int alone;               /* no other rank on this GPU */
   int one;                 /* dispatch-send may run as one kernel (calls of up to one prep chunk) */
-  const void *kern[MC_KR_COUNT][2]; /* each role's kernel for this handle (its top-k, quantising or not), not
-                                       masked and masked: mc_kernel_pick at create, NULL where there is none */
+  const void *kern[MC_KR_COUNT][2]; /* each role's kernel for this handle (its top-k, quantising or not, its
+                                       combine dtypes), not masked and masked: mc_kernel_pick at create, NULL
+                                       where there is none */
   int pdl;                 /* receiving kernels launched early (mc_gpu_launch.cuh) */
   int recv_owed;           /* a refused round's dispatch-recv was never launched (mc_k_drecv_skip) */
   int staged;              /* some peer is reached only by puts: stage records first */
