@@ -73,17 +73,13 @@ MC_DEV void mc_acc8(float acc[8], float w, const mc_raw8_t &r, int dt) {
 
 /* ---- 8 bytes at a time (4 bf16/fp16 values, 2 fp32): combine-send's
  * block path, a thread's share of a segment ---- */
-MC_DEV float mc_u2_elem(const uint2 &r, int e, int dt) {
-  if (dt == MC_DTYPE_FP32) return __uint_as_float(e == 0 ? r.x : r.y);
-  const uint32_t w = (e >> 1) ? r.y : r.x;
-  const uint16_t h = (uint16_t)((e & 1) ? (w >> 16) : (w & 0xffffu));
-  return dt == MC_DTYPE_BF16 ? mc_bf16_to_f32(h) : mc_dev_f16_to_f32(h);
-}
-/* acc += w * x, element by element, as mc_acc8 */
+/* acc += w * x, element by element, as mc_acc8 (the 8 bytes are the first
+ * of a raw group) */
 MC_DEV void mc_acc4(float acc[4], float w, const uint2 &r, int dt) {
+  const mc_raw8_t r8 = {make_int4((int)r.x, (int)r.y, 0, 0), make_int4(0, 0, 0, 0)};
 #pragma unroll
   for (int e = 0; e < 4; e++)
-    if (dt != MC_DTYPE_FP32 || e < 2) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_u2_elem(r, e, dt)));
+    if (dt != MC_DTYPE_FP32 || e < 2) acc[e] = __fadd_rn(acc[e], __fmul_rn(w, mc_raw8_elem(r8, e, dt)));
 }
 /* the sums rounded to dt as mc_store8 rounds them */
 MC_DEV uint2 mc_pack4(const float v[4], int dt) {

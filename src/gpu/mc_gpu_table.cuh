@@ -39,6 +39,15 @@
 #define MC_LB_CSEND __launch_bounds__(MC_CSEND_THREADS, 2)
 #define MC_LB_NONE
 
+/* combine's rows, plain and masked, for one wire dtype dt (cin: dt, or -1
+ * where the row takes every other dtype too) or one (in, out) pair */
+#define MC_CSEND_KERNELS(X, tag, dt, cin)                                                                              \
+  X(mc_k_combine_send_##tag, MC_LB_CSEND, MC_KR_CSEND, 0, -1, 0, cin, -1, mc_combine_send_kernel(a, 0, dt))            \
+  X(mc_k_combine_send_##tag##_masked, MC_LB_CSEND, MC_KR_CSEND, 1, -1, 0, cin, -1, mc_combine_send_kernel(a, 1, dt))
+#define MC_CRECV_KERNELS(X, tag, in, out)                                                                              \
+  X(mc_k_combine_recv_##tag, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, in, out, mc_combine_recv_kernel(a, 0, in, out))        \
+  X(mc_k_combine_recv_##tag##_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, in, out, mc_combine_recv_kernel(a, 1, in, out))
+
 #define MC_GPU_KERNELS(X)                                                                                              \
   /* chunked dispatch-send: a prep block per chunk, each chunk's bases added, payloads staged, pieces sent */          \
   X(mc_k_dispatch_prep, MC_LB_PREP, MC_KR_PREP, 0, -1, 0, -1, -1,                                                      \
@@ -69,37 +78,14 @@
   X(mc_k_drecv_skip, MC_LB_NONE, MC_KR_ONLY, 0, -1, 0, -1, -1, mc_drecv_skip(a))                                       \
   X(mc_k_drop_ack, MC_LB_NONE, MC_KR_ONLY, 0, -1, 0, -1, -1, mc_drop_ack(a))                                           \
   /* combine: a kernel per wire dtype, and per (wire, output) pair for the common ones */                              \
-  X(mc_k_combine_send_bf16, MC_LB_CSEND, MC_KR_CSEND, 0, -1, 0, MC_DTYPE_BF16, -1,                                     \
-    mc_combine_send_kernel(a, 0, MC_DTYPE_BF16))                                                                       \
-  X(mc_k_combine_send_bf16_masked, MC_LB_CSEND, MC_KR_CSEND, 1, -1, 0, MC_DTYPE_BF16, -1,                              \
-    mc_combine_send_kernel(a, 1, MC_DTYPE_BF16))                                                                       \
-  X(mc_k_combine_send_fp16, MC_LB_CSEND, MC_KR_CSEND, 0, -1, 0, MC_DTYPE_FP16, -1,                                     \
-    mc_combine_send_kernel(a, 0, MC_DTYPE_FP16))                                                                       \
-  X(mc_k_combine_send_fp16_masked, MC_LB_CSEND, MC_KR_CSEND, 1, -1, 0, MC_DTYPE_FP16, -1,                              \
-    mc_combine_send_kernel(a, 1, MC_DTYPE_FP16))                                                                       \
-  X(mc_k_combine_send_fp32, MC_LB_CSEND, MC_KR_CSEND, 0, -1, 0, -1, -1, mc_combine_send_kernel(a, 0, MC_DTYPE_FP32))   \
-  X(mc_k_combine_send_fp32_masked, MC_LB_CSEND, MC_KR_CSEND, 1, -1, 0, -1, -1,                                         \
-    mc_combine_send_kernel(a, 1, MC_DTYPE_FP32))                                                                       \
-  X(mc_k_combine_recv_bf16_bf16, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, MC_DTYPE_BF16, MC_DTYPE_BF16,                      \
-    mc_combine_recv_kernel(a, 0, MC_DTYPE_BF16, MC_DTYPE_BF16))                                                        \
-  X(mc_k_combine_recv_bf16_bf16_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, MC_DTYPE_BF16, MC_DTYPE_BF16,               \
-    mc_combine_recv_kernel(a, 1, MC_DTYPE_BF16, MC_DTYPE_BF16))                                                        \
-  X(mc_k_combine_recv_bf16_fp32, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, MC_DTYPE_BF16, MC_DTYPE_FP32,                      \
-    mc_combine_recv_kernel(a, 0, MC_DTYPE_BF16, MC_DTYPE_FP32))                                                        \
-  X(mc_k_combine_recv_bf16_fp32_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, MC_DTYPE_BF16, MC_DTYPE_FP32,               \
-    mc_combine_recv_kernel(a, 1, MC_DTYPE_BF16, MC_DTYPE_FP32))                                                        \
-  X(mc_k_combine_recv_fp16_fp16, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, MC_DTYPE_FP16, MC_DTYPE_FP16,                      \
-    mc_combine_recv_kernel(a, 0, MC_DTYPE_FP16, MC_DTYPE_FP16))                                                        \
-  X(mc_k_combine_recv_fp16_fp16_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, MC_DTYPE_FP16, MC_DTYPE_FP16,               \
-    mc_combine_recv_kernel(a, 1, MC_DTYPE_FP16, MC_DTYPE_FP16))                                                        \
-  X(mc_k_combine_recv_fp16_fp32, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, MC_DTYPE_FP16, MC_DTYPE_FP32,                      \
-    mc_combine_recv_kernel(a, 0, MC_DTYPE_FP16, MC_DTYPE_FP32))                                                        \
-  X(mc_k_combine_recv_fp16_fp32_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, MC_DTYPE_FP16, MC_DTYPE_FP32,               \
-    mc_combine_recv_kernel(a, 1, MC_DTYPE_FP16, MC_DTYPE_FP32))                                                        \
-  X(mc_k_combine_recv_fp32_fp32, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, MC_DTYPE_FP32, MC_DTYPE_FP32,                      \
-    mc_combine_recv_kernel(a, 0, MC_DTYPE_FP32, MC_DTYPE_FP32))                                                        \
-  X(mc_k_combine_recv_fp32_fp32_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, MC_DTYPE_FP32, MC_DTYPE_FP32,               \
-    mc_combine_recv_kernel(a, 1, MC_DTYPE_FP32, MC_DTYPE_FP32))                                                        \
+  MC_CSEND_KERNELS(X, bf16, MC_DTYPE_BF16, MC_DTYPE_BF16)                                                              \
+  MC_CSEND_KERNELS(X, fp16, MC_DTYPE_FP16, MC_DTYPE_FP16)                                                              \
+  MC_CSEND_KERNELS(X, fp32, MC_DTYPE_FP32, -1)                                                                         \
+  MC_CRECV_KERNELS(X, bf16_bf16, MC_DTYPE_BF16, MC_DTYPE_BF16)                                                         \
+  MC_CRECV_KERNELS(X, bf16_fp32, MC_DTYPE_BF16, MC_DTYPE_FP32)                                                         \
+  MC_CRECV_KERNELS(X, fp16_fp16, MC_DTYPE_FP16, MC_DTYPE_FP16)                                                         \
+  MC_CRECV_KERNELS(X, fp16_fp32, MC_DTYPE_FP16, MC_DTYPE_FP32)                                                         \
+  MC_CRECV_KERNELS(X, fp32_fp32, MC_DTYPE_FP32, MC_DTYPE_FP32)                                                         \
   X(mc_k_combine_recv_any, MC_LB_WIDE, MC_KR_CRECV, 0, -1, 0, -1, -1,                                                  \
     mc_combine_recv_kernel(a, 0, a.in_dtype, a.out_dtype))                                                             \
   X(mc_k_combine_recv_any_masked, MC_LB_WIDE, MC_KR_CRECV, 1, -1, 0, -1, -1,                                           \
