@@ -222,11 +222,11 @@ TRACE_NOTES = {
     ("drecv", "c5"): "the call's outcome seen (thread 0)",
     ("dsend", "c0"): "pieces stored (signals next)", ("dsend", "c1"): "counts moved on (last block out)",
     ("drecv", "c0"): "metas arrived", ("drecv", "c1"): "slot bases computed", ("drecv", "c2"): "records copied",
-    ("drecv", "c3"): "arrived at the count (every block)", ("drecv", "c4"): "counts moved on (last block out)",
+    ("drecv", "c4"): "counts moved on (the grid's last warp, every block arrived)",
     ("csend", "c1"): "rows stored (thread 0's warp)",
     ("csend", "c2"): "rows: thread 0's release (after the block barrier)",
     ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
-    ("crecv", "c2"): "arrived at the count (every block)", ("crecv", "c3"): "counts moved on (last block out)",
+    ("crecv", "c3"): "counts moved on (the grid's last warp, every block arrived)",
 }
 
 

@@ -335,15 +335,14 @@ enum {
   MC_WS_M_EFF = 0,  /* valid tokens of this round (bound_m applied) */
   MC_WS_N_ROUTE,    /* records dispatch-recv took in */
   MC_WS_BAD,        /* 1: this round's input was refused on the device */
-  MC_WS_DONE_DRECV, /* blocks finished, for the last-block update of running totals */
-  MC_WS_DONE_CRECV,
+  MC_WS_DONE_DRECV, /* packed layouts: dispatch-recv's blocks finished (the last moves the round's state on) */
   MC_WS_BARRIERS,   /* mc_a2a_barrier calls so far (the value the next one signals, minus 1) */
   MC_WS_DONE_PREP,  /* prep blocks finished: the last one scans the chunks' counts */
   MC_WS_PREP_BAD,   /* 1: a prep block found a bad token this round (the last block publishes MC_WS_BAD) */
   MC_WS_DONE_DSEND, /* one-launch dispatch: blocks done sending (the last writes the round number) */
   MC_WS_DROP,       /* 1 from a round dropped over a declared capacity (packed layouts) until the first
                        dispatch-send launched after the host reported it: the ones before are refused */
-  MC_WS_DIGEST,     /* and the next: chunked prep: the sum of the chunks' group digests (uint64) */
+  MC_WS_DIGEST = 10, /* and the next: chunked prep: the sum of the chunks' group digests (uint64, on 8 bytes) */
   /* uint64 from here (two each): dispatch-recv may start before dispatch-send has moved the
      round number on, so it keeps its own counts, and learns each call's outcome from OUTCOME */
   MC_WS_DRECV_ROUND = 12, /* the last round dispatch-recv took in */
@@ -352,7 +351,10 @@ enum {
   MC_WS_DRECV_TRIES = 16, /* the same count as dispatch-recv keeps it */
   MC_WS_OUTCOME = 18,     /* 2 x the call's number + 1 if refused: written by dispatch-send once it has
                              checked the call's input */
-  MC_WS_NSCALARS = 20
+  MC_WS_ARRIVED_DRECV = 20, /* blocks of dispatch-recv (batched layout) that have read the round's state:
+                               its block 0 moves the state on once all have, then sets this back to 0 */
+  MC_WS_ARRIVED_CRECV = 22, /* the same for combine-recv */
+  MC_WS_NSCALARS = 24
 };
 enum { MC_STAT_DREC = 0, MC_STAT_DBYTES, MC_STAT_CROWS, MC_STAT_CBYTES, MC_WS_NSTATS = 4 };
 typedef struct mc_route_entry {

@@ -119,9 +119,13 @@ MC_DEV void mc_trace_start(const mc_kargs_t *a, int k) {
     atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 1], t);
   }
 }
-MC_DEV void mc_trace_point(const mc_kargs_t *a, int k, int c) {
-  if (a->trace && threadIdx.x == 0)
+/* point c of kernel k, by the thread that calls it (mc_trace_point: thread 0's) */
+MC_DEV void mc_trace_stamp(const mc_kargs_t *a, int k, int c) {
+  if (a->trace)
     atomicMax((unsigned long long *)&a->trace[k * MC_TRACE_SLOTS + 2 + c], (unsigned long long)mc_globaltimer_ns());
+}
+MC_DEV void mc_trace_point(const mc_kargs_t *a, int k, int c) {
+  if (threadIdx.x == 0) mc_trace_stamp(a, k, c);
 }
 /* every thread of the block calls it (a barrier where tracing) */
 MC_DEV void mc_trace_end(const mc_kargs_t *a, int k) {

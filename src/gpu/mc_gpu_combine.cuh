@@ -196,18 +196,38 @@ MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking, const
   mc_combine_send_body(a, masking, dt);
 }
 
+/* combine-recv's grid's last warp (no token's segment at decode sizes):
+ * waits for every kept rank's barrier signal of this round (nobody may
+ * start the next dispatch-send while a peer still reads this round's
+ * dispatch buffers: the kernel's end comes after this warp's), and for
+ * every block's arrival; then, where the rows came (ok), moves the running
+ * totals of row segments on by this round's. */
+MC_DEV void mc_crecv_move_on(const mc_kargs_t &a, const int masking, const uint64_t round, const int ok) {
+  const int W = a.s.world_size, lane = threadIdx.x & 31;
+  int fail = 0;
+  for (int p = lane; p < W; p += 32)
+    if (ok && !mc_masked(masking, &a, p) &&
+        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
+      fail = 1;
+  if (lane == 0 && mc_recv_all_arrived(a, MC_WS_ARRIVED_CRECV, MC_PHASE_CRECV, round)) fail = 1;
+  if (__any_sync(0xffffffffu, fail) || !ok) return;
+  /* lane 0's acquire before every lane's stores; the totals are read first */
+  __syncwarp();
+  uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(&a.s)) + MC_SIG_COMB_ROWS * W;
+  for (int src = lane; src < W; src += 32) seen_w[src] = mc_rows_target(a, src);
+  if (lane == 0) mc_trace_stamp(&a, MC_TK_CRECV, 3);
+}
+
 /* ---- combine-recv (whole grid) ----
  * Wait for every rank's rows, sum each token's rows in ascending rank order
- * in fp32, round once; then wait for every rank's barrier signal of this
- * round (nobody may start the next dispatch-send while a peer still reads
- * this round's dispatch buffers). */
+ * in fp32, round once; the grid's last warp does the rest
+ * (mc_crecv_move_on). */
 MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const int dt, const int odt) {
   const mc_shape_t *s = &a.s;
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, tid = threadIdx.x, lane = tid & 31;
   const uint64_t round = *mc_ws_round(&a);
   const int m_eff = (int)sc[MC_WS_M_EFF];
-  const uint32_t *expect = mc_ws_u32(&a, mc_ws_expect_off(s));
   __shared__ int abort_;
   mc_trace_start(&a, MC_TK_CRECV);
   if (tid == 0) abort_ = 0;
@@ -220,15 +240,13 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
    * while the rows are awaited, not after */
   int nd0 = 0, d00 = 0;
   if (gw < m_eff * segs) nd0 = n_dests[gw / segs], d00 = dests[(int64_t)(gw / segs) * K];
-  uint64_t mine = 0; /* source tid's total after this round, for the last block's update */
-  for (int src = tid; src < W; src += blockDim.x) {
-    const uint64_t target = mc_rows_target(a, src);
-    if (src == tid) mine = target;
-    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), target, MC_PHASE_CRECV, src, MC_SIG_COMB_ROWS,
-                       round))
+  for (int src = tid; src < W; src += blockDim.x)
+    if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), mc_rows_target(a, src), MC_PHASE_CRECV, src,
+                       MC_SIG_COMB_ROWS, round))
       abort_ = 1;
-  }
   __syncthreads();
+  mc_recv_arrive(a, MC_WS_ARRIVED_CRECV); /* the totals are read */
+  if (blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32) mc_crecv_move_on(a, masking, round, !abort_);
   if (abort_) return;
   mc_trace_point(&a, MC_TK_CRECV, 0);
   const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
@@ -248,28 +266,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
     mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
   mc_trace_point(&a, MC_TK_CRECV, 1);
-  for (int p = tid; p < W; p += blockDim.x)
-    if (!mc_masked(masking, &a, p) &&
-        mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_BAR, p), round, MC_PHASE_CRECV, p, MC_SIG_COMB_BAR, round))
-      abort_ = 1;
-  __syncthreads();
-  if (abort_) return;
   mc_trace_end(&a, MC_TK_CRECV);
-  __shared__ int last;
-  if (tid == 0) { /* last block out; no fence, as in dispatch-recv */
-    last = atomicAdd(&sc[MC_WS_DONE_CRECV], 1u) == gridDim.x - 1;
-    mc_trace_point(&a, MC_TK_CRECV, 2);
-  }
-  __syncthreads();
-  if (last) { /* stores only: each thread's source's total was made before the wait */
-    uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_COMB_ROWS * W;
-    for (int src = tid; src < W; src += blockDim.x)
-      seen_w[src] = src == tid ? mine : seen_w[src] + (uint64_t)expect[src] * segs;
-    if (tid == 0) {
-      sc[MC_WS_DONE_CRECV] = 0;
-      mc_trace_point(&a, MC_TK_CRECV, 3);
-    }
-  }
 }
 
 /* Launched early (mc_gpu_launch.cuh), it waits for its own rank's

@@ -104,20 +104,22 @@ MC_DEV void mc_drecv_bases(const mc_kargs_t &a, const int packed, uint32_t *base
  * compared, and the slot bases made in shared memory (mc_drecv_bases;
  * with packed the caller reads the other words it needs from the window:
  * every word has arrived by then). Nothing is written outside shared
- * memory before the outcome is known.
+ * memory before the outcome is known, apart from each block's arrival
+ * where arrive is set (the batched layout's kernel: mc_recv_arrive).
  * Returns 0 where the round goes on, 1 where it cannot (the failure is
  * recorded), 2 where the call was refused (nothing comes; the caller
  * counts it), 3 where the outcome is a later call's (nothing to do). */
 MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call,
-                          const int packed, const mc_drecv_pre_t &pre, uint64_t *seen, uint32_t *base, uint32_t *prefix,
-                          uint32_t *ecount) {
+                          const int packed, const int arrive, const mc_drecv_pre_t &pre, uint64_t *seen,
+                          uint32_t *base, uint32_t *prefix, uint32_t *ecount) {
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, L = mc_num_local_experts(s), MW = mc_meta_words(s), tid = threadIdx.x;
   const uint64_t *seen_g = (const uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
   __shared__ int refused;
   if (tid == 0) refused = 0;
   for (int src = tid; src < W; src += blockDim.x) seen[src] = src == tid ? pre.seen : seen_g[src];
-  __syncthreads(); /* refused is 0 before any poller reads it */
+  __syncthreads(); /* refused is 0 before any poller reads it; the running totals are read */
+  if (arrive) mc_recv_arrive(a, MC_WS_ARRIVED_DRECV);
   int fail = 0;
   if (tid == 0) {
     uint64_t got;
@@ -173,17 +175,34 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
   return 0;
 }
 
-/* A refused call (mc_drecv_metas returned 2, in every block): nothing
- * comes; the last block out counts the call. */
-MC_DEV void mc_drecv_refused(const mc_kargs_t &a) {
-  if (threadIdx.x == 0) {
-    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
-    __threadfence();
-    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
-      sc[MC_WS_DONE_DRECV] = 0;
+/* The grid's last warp, once its block knows the call's outcome (r, as
+ * mc_drecv_metas returns it): after every block has read the round's
+ * state, it moves the state on: an accepted call's running totals of
+ * record pieces by this round's counts, the records taken in, the round
+ * and the call; a refused call's count (nothing comes); for the others
+ * (a later call's outcome, a failure) only the arrivals go back to 0.
+ * Stores only: later kernels read them, and this kernel's blocks read
+ * theirs before arriving. It is the warp last given a record's share
+ * (none at decode sizes): nothing on the copy's path waits for it. */
+MC_DEV void mc_drecv_move_on(const mc_kargs_t &a, const int r, const uint64_t round, const uint64_t call,
+                             const uint64_t *seen, const uint32_t *prefix) {
+  const mc_shape_t *s = &a.s;
+  const int W = s->world_size, lane = threadIdx.x & 31;
+  int fail = 0;
+  if (lane == 0) fail = mc_recv_all_arrived(a, MC_WS_ARRIVED_DRECV, MC_PHASE_DRECV, round);
+  if (__shfl_sync(0xffffffffu, fail, 0)) return;
+  __syncwarp(); /* lane 0's acquire before every lane's stores */
+  if (r == 0) {
+    uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
+    for (int src = lane; src < W; src += 32)
+      seen_w[src] = seen[src] + (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
+    if (lane == 0) {
+      mc_ws_u32(&a, mc_ws_scalars_off(s))[MC_WS_N_ROUTE] = prefix[W];
+      *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
     }
   }
+  if (lane == 0 && (r == 0 || r == 2)) *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = call;
+  if (lane == 0) mc_trace_stamp(&a, MC_TK_DRECV, 4);
 }
 
 /* ---- dispatch-recv (whole grid), a warp per (record, a.recv_pieces
@@ -195,20 +214,19 @@ MC_DEV void mc_drecv_refused(const mc_kargs_t &a) {
  * k), and copy their pieces into the slots of this rank's experts: every
  * slot where the grid has no warps to spare, every G-th where it has (a
  * decode call); the warp of the first piece and first share writes the
- * record's route entry for combine. The last block to finish moves the
- * running totals on. */
+ * record's route entry for combine. The grid's last warp moves the
+ * round's state on (mc_drecv_move_on). */
 MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const uint64_t round, const uint64_t call,
                                    const mc_drecv_pre_t &pre) {
   const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
   const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
   const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
   extern __shared__ uint32_t smem[];
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
-  const int r = mc_drecv_metas(a, masking, round, call, 0, pre, seen, base, prefix, NULL);
-  if (r == 2) mc_drecv_refused(a);
+  const int r = mc_drecv_metas(a, masking, round, call, 0, 1, pre, seen, base, prefix, NULL);
+  if (blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32) mc_drecv_move_on(a, r, round, call, seen, prefix);
   if (r) return;
   const int total = (int)prefix[W];
   const int gw = (tid >> 5) * gridDim.x + blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
@@ -284,29 +302,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       }
     }
   }
-  /* last block out: running totals of record pieces move on by this
-   * round's counts. No fence before the count: what the last block writes
-   * is read by later kernels only, and each block's reads of the totals
-   * are done (their values used) before it counts; a fence here would wait
-   * for the block's copies to land, which the kernel's end does anyway. */
   mc_trace_point(&a, MC_TK_DRECV, 2);
   mc_trace_end(&a, MC_TK_DRECV);
-  __syncthreads();
-  if (tid == 0) {
-    unsigned int done = atomicAdd(&sc[MC_WS_DONE_DRECV], 1u);
-    mc_trace_point(&a, MC_TK_DRECV, 3);
-    if (done == gridDim.x - 1) {
-      /* stores only: the values before were read at the start */
-      uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
-      for (int src = 0; src < W; src++)
-        seen_w[src] = seen[src] + (uint64_t)(prefix[src + 1] - prefix[src]) * mc_record_pieces(s);
-      sc[MC_WS_N_ROUTE] = (uint32_t)total;
-      *mc_ws_scalar64(&a, MC_WS_DRECV_ROUND) = round;
-      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = call;
-      sc[MC_WS_DONE_DRECV] = 0;
-      mc_trace_point(&a, MC_TK_DRECV, 4);
-    }
-  }
 }
 /* Dispatch-recv starts before dispatch-send has finished where it is
  * launched early (mc_gpu_launch.cuh; dispatch-send lets it start once

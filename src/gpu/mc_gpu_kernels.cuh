@@ -136,6 +136,28 @@ MC_DEV void mc_block_signal_counts(const mc_kargs_t &a, uint32_t *count, int slo
     if (count[p]) mc_sig_add(&a, (uint64_t *)(mc_t_peer_window(&a, p) + mc_sig_off(&a.s, slot, a.rank)), count[p]);
 }
 
+/* The receiving kernels' state from round to round (running totals, the
+ * round and call counts): every block reads it at its start, one warp
+ * moves it on. A block that has read it (the values used: in shared memory
+ * or in registers before a block barrier) arrives at its kernel's word
+ * (which: MC_WS_ARRIVED_DRECV, _CRECV) with a release; the grid's last
+ * warp waits there until every block has (mc_recv_all_arrived), then
+ * writes the state for the next round. No block counts at a kernel's end:
+ * that count (a barrier, an atomic's round trip, then the last block's
+ * stores) came after each block's work, on the kernel's last path. */
+MC_DEV void mc_recv_arrive(const mc_kargs_t &a, int which) {
+  if (threadIdx.x == 0) mc_red_release_gpu_add_u64(mc_ws_scalar64(&a, which), 1);
+}
+/* One thread: wait until every block of the grid has arrived (a wait on
+ * this kernel's own blocks, which arrive whatever fails elsewhere), then
+ * set the word back to 0 for the next launch. 1 on a timeout (recorded). */
+MC_DEV int mc_recv_all_arrived(const mc_kargs_t &a, int which, int phase, uint64_t round) {
+  uint64_t *arrived = mc_ws_scalar64(&a, which), got;
+  if (mc_dev_wait(&a, arrived, gridDim.x, 0, phase, a.rank, -1, round, &got, NULL, true)) return 1;
+  *arrived = 0;
+  return 0;
+}
+
 /* One launch: token t's header, lane k < K holding its k-th target (id,
  * the prep's position among this rank's records to that expert, weight)
  * and its place among the targets in ascending id (the ids are distinct). */

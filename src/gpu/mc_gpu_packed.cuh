@@ -153,6 +153,19 @@ MC_DEV void mc_packed_drop(const mc_kargs_t &a, const int masking, const mc_pack
   }
 }
 
+/* A refused call (mc_drecv_metas returned 2, in every block): nothing
+ * comes; the last block out counts the call. */
+MC_DEV void mc_drecv_refused(const mc_kargs_t &a) {
+  if (threadIdx.x == 0) {
+    uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(&a.s));
+    __threadfence();
+    if (atomicAdd(&sc[MC_WS_DONE_DRECV], 1u) == gridDim.x - 1) {
+      *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) += 1;
+      sc[MC_WS_DONE_DRECV] = 0;
+    }
+  }
+}
+
 /* ---- dispatch-recv in the packed layouts (whole grid): as the batched
  * layout's, a warp per (record, a.recv_pieces payload pieces), each
  * record's payload into one row (packed: row = the record's index among
@@ -169,7 +182,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
   const int P = a.recv_pieces, I = (S + P - 1) / P;
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
-  const int r = mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount);
+  const int r = mc_drecv_metas(a, masking, round, call, 1, 0, pre, m.seen, m.base, m.prefix, m.ecount);
   if (r == 2) mc_drecv_refused(a);
   if (r) return;
   int64_t over_rows = 0, over_limit = 0;
@@ -327,7 +340,7 @@ MC_DEV void mc_counts_kernel(const mc_kargs_t &a) {
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
   /* refused (counted by dispatch-recv, not here), a later call's outcome, or a timeout (recorded, the host
    * reports it) */
-  if (mc_drecv_metas(a, masking, round, call, 1, pre, m.seen, m.base, m.prefix, m.ecount)) return;
+  if (mc_drecv_metas(a, masking, round, call, 1, 0, pre, m.seen, m.base, m.prefix, m.ecount)) return;
   int64_t over_rows = 0, over_limit = 0;
   const int over = mc_packed_plan(a, masking, m, &over_rows, &over_limit);
   if (over >= 0) {
