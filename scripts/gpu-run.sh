@@ -33,6 +33,8 @@ if [ "$mode" = ab ]; then
   #   g1, e1     1 token of a handle of max_tokens 128, through bound_m, as a
   #              CUDA graph replay (g) or eagerly (e)
   #   g1m256     the same with max_tokens 256
+  #   g1t1, e1t1, h1t1  1 token of a handle of 1 (no bound_m: copies of the
+  #              source from before --max-tokens), graph, eager, halves apart
   #   g128, e128 128 tokens (max_tokens 128), graph or eager
   #   h1, h128   the same as e1, e128 with the halves timed apart
   #   sg128, se128  64 experts, top-6, hidden 2048, 128 tokens, graph or eager
@@ -65,6 +67,7 @@ if [ "$mode" = ab ]; then
     local a b="--whole --floor" one="-t 1 --max-tokens 128 --bound-m"
     case $3 in
     g1) a="$one --graph" ;; e1) a="$one" ;; g1m256) a="-t 1 --max-tokens 256 --bound-m --graph" ;;
+    g1t1) a="-t 1 --graph" ;; e1t1) a="-t 1" ;; h1t1) a="-t 1" b=--floor ;;
     g128) a="-t 128 --graph" ;; e128) a="-t 128" ;;
     h1) a="$one" b=--floor ;; h128) a="-t 128" b=--floor ;;
     sg128) a="-t 128 -e 64 -k 6 --hidden 2048 --graph" ;; se128) a="-t 128 -e 64 -k 6 --hidden 2048" ;;

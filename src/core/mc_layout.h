@@ -352,7 +352,7 @@ enum {
   MC_WS_OUTCOME = 18,     /* 2 x the call's number + 1 if refused: written by dispatch-send once it has
                              checked the call's input */
   MC_WS_ARRIVED_DRECV = 20, /* blocks of dispatch-recv (batched layout) that have read the round's state:
-                               its block 0 moves the state on once all have, then sets this back to 0 */
+                               the grid's last warp moves the state on once all have, then sets this to 0 */
   MC_WS_ARRIVED_CRECV = 22, /* the same for combine-recv */
   MC_WS_NSCALARS = 24
 };

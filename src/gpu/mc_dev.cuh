@@ -190,10 +190,12 @@ MC_DEV bool mc_dev_poll(const mc_kargs_t *a, const uint64_t *p, uint64_t target,
  * the last poll read. Returns 0 when it passed, 1 when this or another
  * thread failed (the caller exits), 2 when *quit (shared memory, where not
  * NULL) was set by another thread of the block: what it waited for will
- * not come, and that is no failure (a refused call's metas). own: the
- * word is written by this rank's kernel before, which waits for nobody
- * before it (the call's outcome): it comes whatever failed elsewhere, and
- * a failure recorded meanwhile does not end the wait. */
+ * not come, and that is no failure (a refused call's metas). own: the word
+ * is written on this rank by work that waits for no peer (the call's
+ * outcome, by the kernel before; the arrivals of this kernel's own
+ * blocks): it comes whatever failed elsewhere, a failure recorded
+ * meanwhile does not end the wait, and no peer is named as the one
+ * waited for. */
 MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target, int word, int phase, int peer,
                        int slot, uint64_t round, uint64_t *got, const volatile int *quit, bool own) {
   if (mc_dev_poll(a, sig, target, word, got)) return 0;
@@ -223,7 +225,7 @@ MC_DEV int mc_dev_wait(const mc_kargs_t *a, const uint64_t *sig, uint64_t target
       }
       if (!own && mc_dev_failed(a->err)) return 1;
       const uint64_t now = mc_globaltimer_ns();
-      if (now > t0 + 1000000u) { /* lasting: say whom this rank waits for (again: another wait may have cleared it) */
+      if (!own && now > t0 + 1000000u) { /* lasting: say whom this rank waits for (again: another wait may have cleared it) */
         *(volatile uint64_t *)waiting = mine;
         marked = true;
       }

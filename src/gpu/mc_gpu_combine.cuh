@@ -143,8 +143,6 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   for (int it = per_block ? items : gw; it < items; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-    /* the entry and its targets in one round trip: lane k loads the k-th
-     * (those past n_targets are not used) */
     const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
@@ -196,8 +194,9 @@ MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking, const
   mc_combine_send_body(a, masking, dt);
 }
 
-/* combine-recv's grid's last warp (no token's segment at decode sizes):
- * waits for every kept rank's barrier signal of this round (nobody may
+/* combine-recv's grid's last warp, once it has summed its share (none at
+ * decode sizes, where it does this while the other warps sum): waits for
+ * every kept rank's barrier signal of this round (nobody may
  * start the next dispatch-send while a peer still reads this round's
  * dispatch buffers: the kernel's end comes after this warp's), and for
  * every block's arrival; then, where the rows came (ok), moves the running
@@ -246,8 +245,11 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
       abort_ = 1;
   __syncthreads();
   mc_recv_arrive(a, MC_WS_ARRIVED_CRECV); /* the totals are read */
-  if (blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32) mc_crecv_move_on(a, masking, round, !abort_);
-  if (abort_) return;
+  const bool mover = blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32;
+  if (abort_) {
+    if (mover) mc_crecv_move_on(a, masking, round, 0);
+    return;
+  }
   mc_trace_point(&a, MC_TK_CRECV, 0);
   const uint64_t out_row = (uint64_t)s->hidden * (odt == MC_DTYPE_FP32 ? 4u : 2u);
   const int64_t seg_groups = mc_seg_groups(dt), row_groups = s->hidden / 8;
@@ -265,7 +267,11 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
       mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, first && j == 0 ? d00 : d[j], t), seg, dt);
     mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
+  if (mover) mc_crecv_move_on(a, masking, round, 1);
   mc_trace_point(&a, MC_TK_CRECV, 1);
+  /* traced: the end stamp once this block's stores are performed, which
+   * the kernel's end waits for */
+  if (a.trace) __threadfence();
   mc_trace_end(&a, MC_TK_CRECV);
 }
 

@@ -47,8 +47,8 @@ MC_DEV int mc_wait_records(const mc_kargs_t &a, int src, uint64_t round, const u
 
 /* What every receiving kernel of dispatch loads first, before it knows
  * the round or the call's outcome, so that these loads are in flight with
- * those: thread tid's running total of source tid (read at the start: only
- * the kernel's last block moves it on, once every block has read it) and
+ * those: thread tid's running total of source tid (read at the start: it
+ * moves on only once every block has read it) and
  * the first meta word it polls (checked against the round once known). */
 typedef struct mc_drecv_pre {
   uint64_t seen, word;
@@ -176,14 +176,16 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
 }
 
 /* The grid's last warp, once its block knows the call's outcome (r, as
- * mc_drecv_metas returns it): after every block has read the round's
- * state, it moves the state on: an accepted call's running totals of
+ * mc_drecv_metas returns it) and it has copied its share: after every
+ * block has read the round's state, it moves the state on: an accepted
+ * call's running totals of
  * record pieces by this round's counts, the records taken in, the round
  * and the call; a refused call's count (nothing comes); for the others
  * (a later call's outcome, a failure) only the arrivals go back to 0.
  * Stores only: later kernels read them, and this kernel's blocks read
  * theirs before arriving. It is the warp last given a record's share
- * (none at decode sizes): nothing on the copy's path waits for it. */
+ * (none at decode sizes), so that nothing on the copy's path waits for
+ * it. */
 MC_DEV void mc_drecv_move_on(const mc_kargs_t &a, const int r, const uint64_t round, const uint64_t call,
                              const uint64_t *seen, const uint32_t *prefix) {
   const mc_shape_t *s = &a.s;
@@ -226,8 +228,11 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */
   const int r = mc_drecv_metas(a, masking, round, call, 0, 1, pre, seen, base, prefix, NULL);
-  if (blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32) mc_drecv_move_on(a, r, round, call, seen, prefix);
-  if (r) return;
+  const bool mover = blockIdx.x == gridDim.x - 1 && tid >= (int)blockDim.x - 32;
+  if (r) {
+    if (mover) mc_drecv_move_on(a, r, round, call, seen, prefix);
+    return;
+  }
   const int total = (int)prefix[W];
   const int gw = (tid >> 5) * gridDim.x + blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
   const uint64_t poff = mc_record_payload_off(s), soff = mc_record_scale_off(s);
@@ -302,7 +307,11 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       }
     }
   }
+  if (mover) mc_drecv_move_on(a, 0, round, call, seen, prefix);
   mc_trace_point(&a, MC_TK_DRECV, 2);
+  /* traced: the end stamp once this block's stores are performed, which
+   * the kernel's end waits for */
+  if (a.trace) __threadfence();
   mc_trace_end(&a, MC_TK_DRECV);
 }
 /* Dispatch-recv starts before dispatch-send has finished where it is

@@ -225,8 +225,8 @@ static mc_result_t failure_recorded(mc_a2a_t *a2a, volatile mc_dev_error_t *e, i
   __sync_synchronize();
   if (code == MC_DEVERR_TIMEOUT && e->slot < 0) /* a wait for the kernel's own blocks (mc_recv_all_arrived) */
     return mc_fail(a2a->err, MC_ERR_TIMEOUT,
-                   "%s: rank %d timed out after %d ms waiting for its own kernel's blocks to start (%llu of %llu "
-                   "arrived) in round %llu",
+                   "%s: rank %d timed out after %d ms waiting for its own kernel's blocks (%llu of %llu had read "
+                   "the round's state) in round %llu",
                    phase_name(e->phase), e->rank, a2a->comm->timeout_ms, (unsigned long long)e->seen,
                    (unsigned long long)e->expected, (unsigned long long)e->round);
   if (code == MC_DEVERR_TIMEOUT) {

@@ -149,8 +149,10 @@ MC_DEV void mc_recv_arrive(const mc_kargs_t &a, int which) {
   if (threadIdx.x == 0) mc_red_release_gpu_add_u64(mc_ws_scalar64(&a, which), 1);
 }
 /* One thread: wait until every block of the grid has arrived (a wait on
- * this kernel's own blocks, which arrive whatever fails elsewhere), then
- * set the word back to 0 for the next launch. 1 on a timeout (recorded). */
+ * this kernel's own blocks, which arrive whatever fails elsewhere; the
+ * waiting warp's block is the grid's last, dispatched after the others),
+ * then set the word back to 0 for the next launch. 1 on a timeout
+ * (recorded; mc_mask_kernel sets the word back). */
 MC_DEV int mc_recv_all_arrived(const mc_kargs_t &a, int which, int phase, uint64_t round) {
   uint64_t *arrived = mc_ws_scalar64(&a, which), got;
   if (mc_dev_wait(&a, arrived, gridDim.x, 0, phase, a.rank, -1, round, &got, NULL, true)) return 1;
@@ -444,6 +446,11 @@ MC_DEV void mc_mask_kernel(mc_kargs_t a) {
     sc[MC_WS_BARRIERS] = barriers;
     *drecv_round = round;
     *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
+    /* counts a broken round may have left part way (a timeout ends a wait
+     * before the count's reset) */
+    *mc_ws_scalar64(&a, MC_WS_ARRIVED_DRECV) = 0;
+    *mc_ws_scalar64(&a, MC_WS_ARRIVED_CRECV) = 0;
+    sc[MC_WS_DONE_DRECV] = sc[MC_WS_DONE_PREP] = sc[MC_WS_DONE_DSEND] = 0;
     sc[MC_WS_BAD] = 0;
     sc[MC_WS_DROP] = 0; /* a drop not yet reported stays recorded for the host (mc_gpu_host.c) */
   }

@@ -299,7 +299,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
     mc_packed_drop(a, masking, m, round, call, over, over_rows, over_limit);
     return;
   }
-  if (tid == 0) { /* as the batched layout's last block: stores only */
+  if (tid == 0) { /* the state as the batched layout moves it on (mc_drecv_move_on): stores only */
     uint64_t *seen_w = (uint64_t *)(a.ws + mc_ws_seen_off(s)) + MC_SIG_DISP_RECS * W;
     for (int src = 0; src < W; src++)
       seen_w[src] = m.seen[src] + (uint64_t)(m.prefix[src + 1] - m.prefix[src]) * mc_record_pieces(s);
