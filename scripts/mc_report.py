@@ -223,10 +223,12 @@ TRACE_NOTES = {
     ("dsend", "c0"): "pieces stored (signals next)", ("dsend", "c1"): "counts moved on (last block out)",
     ("drecv", "c0"): "metas arrived", ("drecv", "c1"): "slot bases computed", ("drecv", "c2"): "records copied",
     ("drecv", "c4"): "counts moved on (the grid's last warp, every block arrived)",
+    ("drecv", "end"): "the last block's stores performed (a fence, traced runs only)",
     ("csend", "c1"): "rows stored (thread 0's warp)",
     ("csend", "c2"): "rows: thread 0's release (after the block barrier)",
     ("crecv", "c0"): "rows arrived", ("crecv", "c1"): "sums stored (thread 0)",
     ("crecv", "c3"): "counts moved on (the grid's last warp, every block arrived)",
+    ("crecv", "end"): "the last block's stores performed (a fence, traced runs only)",
 }
 
 
