@@ -143,6 +143,8 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   for (int it = per_block ? items : gw; it < items; it += nw) {
     const int i = it / segs, sg = it % segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
+    /* the entry and its targets in one round trip: lane k loads the k-th
+     * (those past n_targets are not used) */
     const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
     const int n = r->n_targets, first = (r->src_rank / G) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
@@ -196,10 +198,10 @@ MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking, const
 
 /* combine-recv's grid's last warp, once it has summed its share (none at
  * decode sizes, where it does this while the other warps sum): waits for
- * every kept rank's barrier signal of this round (nobody may
- * start the next dispatch-send while a peer still reads this round's
- * dispatch buffers: the kernel's end comes after this warp's), and for
- * every block's arrival; then, where the rows came (ok), moves the running
+ * every kept rank's barrier signal of this round (nobody may start the
+ * next dispatch-send while a peer still reads this round's dispatch
+ * buffers: the kernel's end comes after this warp's), and for every
+ * block's arrival; then, where the rows came (ok), moves the running
  * totals of row segments on by this round's. */
 MC_DEV void mc_crecv_move_on(const mc_kargs_t &a, const int masking, const uint64_t round, const int ok) {
   const int W = a.s.world_size, lane = threadIdx.x & 31;
