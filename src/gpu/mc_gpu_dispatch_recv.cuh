@@ -178,14 +178,13 @@ MC_DEV int mc_drecv_metas(const mc_kargs_t &a, const int masking, const uint64_t
 /* The grid's last warp, once its block knows the call's outcome (r, as
  * mc_drecv_metas returns it) and it has copied its share: after every
  * block has read the round's state, it moves the state on: an accepted
- * call's running totals of
- * record pieces by this round's counts, the records taken in, the round
- * and the call; a refused call's count (nothing comes); for the others
- * (a later call's outcome, a failure) only the arrivals go back to 0.
- * Stores only: later kernels read them, and this kernel's blocks read
- * theirs before arriving. It is the warp last given a record's share
- * (none at decode sizes), so that nothing on the copy's path waits for
- * it. */
+ * call's running totals of record pieces by this round's counts, the
+ * records taken in, the round and the call; a refused call's count
+ * (nothing comes); for the others (a later call's outcome, a failure)
+ * only the arrivals go back to 0. Stores only, no fence: later kernels
+ * read them, and this kernel's blocks read theirs before arriving. It is
+ * the warp last given a record's share (none at decode sizes), so that
+ * nothing on the copy's path waits for it. */
 MC_DEV void mc_drecv_move_on(const mc_kargs_t &a, const int r, const uint64_t round, const uint64_t call,
                              const uint64_t *seen, const uint32_t *prefix) {
   const mc_shape_t *s = &a.s;
