@@ -446,8 +446,9 @@ MC_DEV void mc_mask_kernel(mc_kargs_t a) {
     sc[MC_WS_BARRIERS] = barriers;
     *drecv_round = round;
     *mc_ws_scalar64(&a, MC_WS_DRECV_TRIES) = *mc_ws_scalar64(&a, MC_WS_SEND_TRIES);
-    /* counts a broken round may have left part way (a timeout ends a wait
-     * before the count's reset) */
+    /* counts a broken round may have left part way: a block that failed
+     * left before it counted, or a wait for the arrivals timed out before
+     * setting them back */
     *mc_ws_scalar64(&a, MC_WS_ARRIVED_DRECV) = 0;
     *mc_ws_scalar64(&a, MC_WS_ARRIVED_CRECV) = 0;
     sc[MC_WS_DONE_DRECV] = sc[MC_WS_DONE_PREP] = sc[MC_WS_DONE_DSEND] = 0;

@@ -102,9 +102,9 @@ static mc_launch_t plan_dsend(const mc_gpu_t *g, const mc_shape_t *s, int m, int
  * host's count: with bound_m, the most a call may pass): the receiving
  * kernels on half the SMs, combine-send on one block per SM. A receiving
  * kernel lasts as long as its slowest block, whose fixed steps (the metas
- * or rows awaited) every block repeats, and blocks
- * wait for SMs that sending blocks still hold; a decode batch's records
- * and rows keep far fewer warps busy than the whole grid holds.
+ * or rows awaited) every block repeats, and blocks wait for SMs that
+ * sending blocks still hold; a decode batch's records and rows keep far
+ * fewer warps busy than the whole grid holds.
  * Elsewhere (ranks sharing a GPU, large batches) the grid is the big
  * kernels' (mc_gpu_host.c). */
 static int decode_batch(const mc_gpu_t *g, const mc_shape_t *s, int m) { return g->alone && m <= mc_prep_chunk(s); }
