@@ -127,6 +127,12 @@ MC_DEV void mc_trace_stamp(const mc_kargs_t *a, int k, int c) {
 MC_DEV void mc_trace_point(const mc_kargs_t *a, int k, int c) {
   if (threadIdx.x == 0) mc_trace_stamp(a, k, c);
 }
+/* the same once v is in hand: a branch on v comes before the stamp, so
+ * that a load's return (or a store that waits for its data) is timed, not
+ * its issue (a stamp is skipped where v happens to be the constant) */
+MC_DEV void mc_trace_after(const mc_kargs_t *a, int k, int c, uint32_t v) {
+  if (a->trace && v != 0x9e3779b9u) mc_trace_stamp(a, k, c);
+}
 /* every thread of the block calls it (a barrier where tracing) */
 MC_DEV void mc_trace_end(const mc_kargs_t *a, int k) {
   if (!a->trace) return;

@@ -67,6 +67,7 @@ MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, 
   const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
   const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
   const int n = r->n_targets, first = (r->src_rank / G) * G;
+  if (threadIdx.x == 0) mc_trace_after(&a, MC_TK_CSEND, 0, (uint32_t)n);
   const uint64_t row_bytes = mc_row_bytes(s), dst_off = mc_comb_recv_off(s, a.rank, r->token);
   const uint64_t off = (uint64_t)sg * MC_SEG_BYTES + 8u * threadIdx.x; /* this thread's bytes of the row */
   const bool in_row = off < row_bytes; /* rows are a multiple of 16 bytes */
@@ -85,6 +86,7 @@ MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, 
       if (k + j < n) mc_acc4(acc, w[j], v[j], dt);
   }
   const uint2 q = mc_pack4(acc, dt);
+  if (threadIdx.x == 0) mc_trace_after(&a, MC_TK_CSEND, 3, q.x); /* the rows loaded and summed */
   bool any_staged = false;
   for (int p = first; p < first + G; p++) {
     unsigned char *peer = mc_t_peer_window(&a, p);
@@ -267,6 +269,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
     /* one row at a time: two rows' loads in flight spilled here (combine-send can afford it) */
     for (int j = 0; j < nd; j++)
       mc_seg_axpy(acc, 1.0f, a.win + mc_comb_recv_off(s, first && j == 0 ? d00 : d[j], t), seg, dt);
+    if (lane == 0) mc_trace_after(&a, MC_TK_CRECV, 2, __float_as_uint(acc[0][0])); /* the rows summed */
     mc_seg_store((unsigned char *)a.out + (uint64_t)t * out_row, acc, seg, dt, odt);
   }
   if (mover) mc_crecv_move_on(a, masking, round, 1);

@@ -253,6 +253,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       if (lane == 0) fail = mc_wait_records(a, src, round, seen, prefix);
       if (__shfl_sync(0xffffffffu, fail, 0)) break; /* the failure is recorded; finish quietly */
       __syncwarp(); /* lane 0's acquire before every lane's loads of the records */
+      if (lane == 0) mc_trace_stamp(&a, MC_TK_DRECV, 3);
       waited_src = src;
     }
     const unsigned char *rec = a.win + mc_disp_recv_off(s, src, i - (int)prefix[src]);
@@ -272,6 +273,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
       if (here) l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
     }
     const uint32_t km = __ballot_sync(0xffffffffu, here);
+    if (lane == 0) mc_trace_after(&a, MC_TK_DRECV, 6, km);
     const int n = __popc(km);
     if (g > 0 && g >= n) continue; /* fewer slots here than shares (share 0 writes the route entry) */
     /* each piece into every slot here, a slot at a time (its expert and
@@ -296,6 +298,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
         }
       }
     }
+    if (lane == 0) mc_trace_after(&a, MC_TK_DRECV, 7, (uint32_t)v[0].x); /* the item's stores issued */
     if (j0 == 0 && g == 0) {
       mc_route_entry_t *r = (mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
       if (here) r->targets[__popc(km & mc_lanemask_lt())] = mc_target_t{l, slot, tg.weight};

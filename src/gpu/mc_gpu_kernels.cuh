@@ -218,6 +218,7 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
     const int first = qq == 0 && j == 0; /* the warp that brings the header */
     int at = 0; /* one launch, piece 0: this lane's target of the header */
     const mc_target_t tg = !hdr_staged && first ? mc_header_target(a, K, tab, t, tt, &at) : mc_target_t{0, 0, 0.0f};
+    if (!hdr_staged && first && lane == 0) mc_trace_after(&a, MC_TK_DSEND, 3, (uint32_t)at);
     const int nd = tab.ndest[t];
     /* one destination at a time: a table of destination pointers, indexed
      * by a running count, lived in local memory (a load per store) */
@@ -246,6 +247,7 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
         mc_warp_piece4_to(&dst, 1, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
                           s->scale_bytes, lane);
     }
+    if (lane == 0) mc_trace_after(&a, MC_TK_DSEND, 4, (uint32_t)v[0].x); /* the piece's stores issued */
   }
 }
 

@@ -48,6 +48,7 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
     if (on) v = a.ids64 ? ((const int64_t *)a.indices)[lane] : (int64_t)((const int32_t *)a.indices)[lane];
     const uint32_t tok = on ? ((1u << K) - 1u) << (t * K) : 0u;         /* this token's lanes */
     const uint32_t same = __match_any_sync(all, (unsigned long long)v); /* lanes with this id */
+    if (lane == 0) mc_trace_after(&a, MC_TK_PREP, 6, same);
     const bool oor = on && (v < 0 || v >= E), dup = on && !oor && (same & tok & lt);
     const uint32_t badm = __ballot_sync(all, oor || dup);
     if (lane == 0) bad = badm != 0;
