@@ -244,6 +244,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   pr_loads_copy(&p);
+  pr_first_loads(&p);
   pr_release(&p);
   pr_flags(&p);
   if (p.cc_major >= 9) pr_pdl(&p); /* griddepcontrol needs sm_90 */

@@ -8,7 +8,7 @@
  * ends: polls give up after PR_DEADLINE_NS and say so in *fail, timed spins
  * stop by %globaltimer or after as many polls as nanoseconds.
  *   mc_probe.cu         the run: the SM clock, the timer's resolution, the table, main
- *   mc_probe_memory.cu  loads, releases and fences, flags, copies, sums, counts
+ *   mc_probe_memory.cu  loads (a launch's first too), releases and fences, flags, copies, sums, counts
  *   mc_probe_bulk.cu    the bulk of a phase on each kernel's grid, also beside pollers
  *   mc_probe_launch.cu  dependent launches, graph replays, code fetched, a launch's first reads
  *   mc_probe_prep.cu    the block prep, the slot bases and a 1-token sending block, by the
@@ -181,10 +181,11 @@ void pr_row_cycles(pr_t *p, const char *step, const char *what, int n, double pe
  * measured gap waits for the host */
 __global__ void pr_k_spin(uint64_t ns);
 
-/* mc_probe_memory.cu: steps 1, 6, 9 and 10; 2; 3 */
+/* mc_probe_memory.cu: steps 1, 6, 9 and 10; 2; 3; 16 */
 void pr_loads_copy(pr_t *p);
 void pr_release(pr_t *p);
 void pr_flags(pr_t *p);
+void pr_first_loads(pr_t *p);
 /* mc_probe_bulk.cu: step 12 */
 void pr_bulk(pr_t *p);
 /* mc_probe_launch.cu: steps 4; 5; 8; 8b; 11 */

@@ -301,6 +301,31 @@ static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int tria
   }
 }
 
+/* ---- 16. a launch's first loads ----
+ * One thread of a fresh launch of one block reads a word of a 2 MB page
+ * that is in L2 (the launch before read it too), then a word of another
+ * line of that page (its address depends on the first's value, 0), then
+ * the first word again; ld.global.cg, so L2 every time, never L1. Timed
+ * after a launch that read a word of each of 256 other 2 MB pages on every
+ * SM, as a round's other kernels read their own buffers, and after nothing
+ * but its own launch before. */
+static __global__ void pr_k_touch(const uint64_t *buf, uint64_t stride_words, int pages, uint64_t *sink) {
+  uint64_t acc = 0;
+  for (int i = threadIdx.x; i < pages; i += blockDim.x)
+    acc += pr_ld_cg(buf + (uint64_t)i * stride_words + 16u * blockIdx.x);
+  if (acc == 0x9e3779b97f4a7c15ull) *sink = acc;
+}
+static __global__ void pr_k_first_load(const uint64_t *a, int n, int i, uint64_t *out) {
+  const uint64_t t0 = pr_clock();
+  const uint64_t v = pr_ld_cg(a);
+  const uint64_t t1 = pr_clock_after(v);
+  const uint64_t w = pr_ld_cg(a + 16 + v);
+  const uint64_t t2 = pr_clock_after(w);
+  const uint64_t x = pr_ld_cg(a + w);
+  const uint64_t t3 = pr_clock_after(x);
+  if (i >= 0) out[i] = t1 - t0, out[n + i] = t2 - t1, out[2 * n + i] = t3 - t2;
+}
+
 /* ---- the host side ---- */
 
 /* 1. dependent loads: a ring of 2 MB (L2 hits) and a fresh walk through a
@@ -368,6 +393,40 @@ void pr_loads_copy(pr_t *p) {
                 "thread 0: a __syncthreads of 512, then an atomicAdd on a global word until its value is back "
                 "(clock64)",
                 n, 1);
+}
+
+/* 16. a launch's first loads, after other pages were read and after nothing */
+void pr_first_loads(pr_t *p) {
+  const int n = p->trials, pages = 256;
+  const uint64_t page = 2u << 20;
+  uint64_t *a, *other;
+  CK(cudaMalloc(&a, page)); /* a page of its own */
+  CK(cudaMemset(a, 0, page));
+  CK(cudaMalloc(&other, pages * page));
+  CK(cudaMemset(other, 0, pages * page));
+  static const char *const after[2] = {"after_others", "alone"};
+  static const char *const what[2] = {"after a launch that read a word of 256 other 2 MB pages on every SM",
+                                      "after its own launch before, nothing between"};
+  for (int v = 0; v < 2; v++) {
+    for (int i = -PR_WARM; i < n; i++) {
+      if (v == 0) pr_k_touch<<<p->sms, 256, 0, p->st>>>(other, page / 8, pages, p->out + 3 * n);
+      pr_k_first_load<<<1, 32, 0, p->st>>>(a, n, i, p->out);
+    }
+    pr_sync(p, "first loads");
+    static const char *const step[3] = {"load.first", "load.next_line", "load.same_line"};
+    static const char *const which[3] = {"a launch's first load (ld.global.cg, the line in L2)",
+                                         "then a word of another line of the same 2 MB page, in L2",
+                                         "then the first word again"};
+    for (int k = 0; k < 3; k++) {
+      char st[40], wh[200];
+      if (k) CK(cudaMemcpy(p->out, p->out + (size_t)k * n, sizeof *p->out * (size_t)n, cudaMemcpyDeviceToDevice));
+      snprintf(st, sizeof st, "%s.%s", step[k], after[v]);
+      snprintf(wh, sizeof wh, "one thread: %s, %s (clock64)", which[k], what[v]);
+      pr_row_cycles(p, st, wh, n, 1);
+    }
+  }
+  CK(cudaFree(a));
+  CK(cudaFree(other));
 }
 
 /* 2. releases and fences, after nothing, a warp's 2 KB, a block's 32 KB */
