@@ -60,15 +60,41 @@ MC_DEV void mc_csend_put_staged(const mc_kargs_t &a, const int i, const int segs
  * bits. */
 #define MC_CSEND_ROWS 8
 static_assert(MC_SEG_BYTES == 8 * MC_CSEND_THREADS, "a thread of combine-send's block path holds 8 bytes of a segment");
-MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, const int dt, uint32_t *count,
-                                uint32_t *rowdone) {
+/* What combine-send loads first, all at once (one memory round trip, not
+ * three one after another): the refusal check, the round, the records
+ * taken in, and the route entry a decode call's block path needs (entry
+ * blockIdx / segments, loaded before it is known whether this call takes
+ * that path; it is in the route table's range whatever the call). */
+typedef struct mc_csend_pre {
+  uint64_t round;
+  uint32_t bad, n_route;
+  mc_target_t mine; /* lane k < topk: the entry's k-th target */
+  int32_t n, src_rank, token;
+} mc_csend_pre_t;
+MC_DEV mc_csend_pre_t mc_csend_prefetch(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
-  const int G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, most = s->world_size * mc_src_cap(s) - 1;
+  const int i = (int)blockIdx.x / mc_row_segs(s) < most ? (int)blockIdx.x / mc_row_segs(s) : most;
+  const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
-  const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
-  const int n = r->n_targets, first = (r->src_rank / G) * G;
+  mc_csend_pre_t p;
+  p.bad = sc[MC_WS_BAD];
+  p.n_route = sc[MC_WS_N_ROUTE];
+  p.round = *mc_ws_round(&a);
+  p.mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
+  p.n = r->n_targets, p.src_rank = r->src_rank, p.token = r->token;
+  return p;
+}
+
+MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const mc_csend_pre_t &pre, const int sg, const int dt,
+                                uint32_t *count, uint32_t *rowdone) {
+  const mc_shape_t *s = &a.s;
+  const int G = s->group_size, cap = mc_expert_capacity(s);
+  const int i = (int)blockIdx.x / mc_row_segs(s);
+  const mc_target_t mine = pre.mine;
+  const int n = pre.n, first = (pre.src_rank / G) * G;
   if (threadIdx.x == 0) mc_trace_after(&a, MC_TK_CSEND, 0, (uint32_t)n);
-  const uint64_t row_bytes = mc_row_bytes(s), dst_off = mc_comb_recv_off(s, a.rank, r->token);
+  const uint64_t row_bytes = mc_row_bytes(s), dst_off = mc_comb_recv_off(s, a.rank, pre.token);
   const uint64_t off = (uint64_t)sg * MC_SEG_BYTES + 8u * threadIdx.x; /* this thread's bytes of the row */
   const bool in_row = off < row_bytes; /* rows are a multiple of 16 bytes */
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -112,12 +138,11 @@ MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const int i, const int sg, 
  * in flight per expert, MC_SEG_ROWS experts at once, their targets loaded
  * with the entry. (Measured: a warp per whole row starves the SMs of
  * warps, a signal per segment costs a system-scope release each.) */
-MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const int dt) {
+MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const int dt, const mc_csend_pre_t &pre) {
   const mc_shape_t *s = &a.s;
-  uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, G = s->group_size, cap = mc_expert_capacity(s), lane = threadIdx.x & 31;
-  const uint64_t round = *mc_ws_round(&a);
-  const int n_route = (int)sc[MC_WS_N_ROUTE];
+  const uint64_t round = pre.round;
+  const int n_route = (int)pre.n_route;
   mc_trace_start(&a, MC_TK_CSEND);
   extern __shared__ uint32_t count[]; /* [W] row segments this block stored into each rank */
   for (int p = threadIdx.x; p < W; p += blockDim.x) count[p] = 0;
@@ -140,7 +165,7 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   const int items = n_route * segs;
   const bool per_block = items <= (int)gridDim.x; /* the same in every block */
   if (per_block && (int)blockIdx.x < items)
-    mc_csend_block_item(a, (int)blockIdx.x / segs, (int)blockIdx.x % segs, dt, count, rowdone);
+    mc_csend_block_item(a, pre, (int)blockIdx.x % segs, dt, count, rowdone);
   const int gw = (int)(threadIdx.x >> 5) * (int)gridDim.x + (int)blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
   for (int it = per_block ? items : gw; it < items; it += nw) {
     const int i = it / segs, sg = it % segs;
@@ -194,8 +219,9 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
  * alone. */
 MC_DEV void mc_combine_send_kernel(const mc_kargs_t &a, const int masking, const int dt) {
   mc_pdl_launch_dependents();
-  if (mc_ws_u32(&a, mc_ws_scalars_off(&a.s))[MC_WS_BAD]) return;
-  mc_combine_send_body(a, masking, dt);
+  const mc_csend_pre_t pre = mc_csend_prefetch(a);
+  if (pre.bad) return;
+  mc_combine_send_body(a, masking, dt, pre);
 }
 
 /* combine-recv's grid's last warp, once it has summed its share (none at
