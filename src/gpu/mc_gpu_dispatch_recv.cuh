@@ -269,8 +269,9 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     int here = 0, l = 0, slot = 0;
     if (lane < K) {
       tg = h->targets[lane];
-      here = tg.expert / L == a.rank;
-      if (here) l = tg.expert - a.rank * L, slot = (int)base[src * L + l] + tg.pos;
+      l = tg.expert - a.rank * L; /* a range check, not a division: the copy waits for it */
+      here = (unsigned)l < (unsigned)L;
+      if (here) slot = (int)base[src * L + l] + tg.pos;
     }
     const uint32_t km = __ballot_sync(0xffffffffu, here);
     if (lane == 0) mc_trace_after(&a, MC_TK_DRECV, 6, km);

@@ -245,8 +245,8 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
     int64_t row = i; /* packed: the record's row */
     if (lane < K) {
       tg = h->targets[lane];
-      here = tg.expert / L == a.rank;
-      if (here) l = tg.expert - a.rank * L;
+      l = tg.expert - a.rank * L; /* a range check, not a division: the copy waits for it */
+      here = (unsigned)l < (unsigned)L;
       if (here && sorted) row = (int64_t)m.loff[l] + m.base[src * L + l] + tg.pos;
     }
     const uint32_t km = __ballot_sync(0xffffffffu, here);
