@@ -75,8 +75,8 @@ MEASURED = [
 BYTE_TOLERANCE = 0.005
 # `mc-bench --sizes` (-t 128, then -t 1), same build and date: window + workspace per rank, EP1..EP256.
 MEASURED_SIZES = {
-    128: [5653672, 10298248, 19588952, 38171160, 75335960, 149665768, 298325480, 595644952, 1190279832],
-    1: [82168, 117624, 190104, 335880, 627816, 1211896, 2380152, 4716712, 9385768],
+    128: [5653680, 10298256, 19588960, 38171168, 75335968, 149665776, 298325488, 595644960, 1190279840],
+    1: [82176, 117632, 190112, 335888, 627824, 1211904, 2380160, 4716720, 9385776],
 }
 
 
@@ -114,12 +114,12 @@ def window_bytes(s, world, tokens):
 def workspace_bytes(s, world, tokens):
     """The private workspace (cudaMalloc on GPU transports)."""
     E, k, L, src_cap = s["experts"], s["topk"], s["experts"] // world, -(-tokens // s["group"])
-    o = world * src_cap * align16(16 + k * 12)  # route entries
+    o = align16(align16(24 * 4) + 4 * 8 + 8)  # scalars, stats, round
+    o += 8 * world * 8 + align16(world * 4)  # seen, expect
+    o += world * src_cap * align16(16 + k * 12)  # route entries
     o += align16(tokens * k * 2) + align16(tokens * 2)  # dests, n_dests
-    o += 8 * world * 8  # seen
-    o += align16(world * 4) + align16(world * L * 4) + align16((world + E) * 4)  # expect, base, sendcnt
+    o += align16(world * L * 4) + align16((world + E) * 4)  # base, sendcnt
     o += align16(s["hidden"] * 4) + align16(src_cap * k * 4)  # acc, ridx
-    o += align16(24 * 4) + 4 * 8 + 8  # scalars, stats, round
     o += align16(world * src_cap * 4)  # rowdone
     o += align16(-(-tokens // 32) * (E + 2 * world) * 4)  # pcount
     return o + align16(L * 8) + align16(world) + align16(world * 8)  # expert load, mask, masks set together

@@ -102,6 +102,36 @@ int test_wire_bytes(void) {
   return 0;
 }
 
+/* The kernels' divisions by a handle's divisors (mc_fdiv): n / d for every
+ * n below 4096 and d up to 4096, at and around every multiple of d up to
+ * 2^31, and at random n, for d up to 2^20 and at 2^31 - 1. */
+int test_layout_division(void) {
+  uint64_t x = 0x9e3779b97f4a7c15ull; /* a fixed stream: every run checks the same values */
+  for (uint32_t d = 1; d <= (1u << 20); d = d < 4096 ? d + 1 : d * 3 / 2) {
+    const mc_fdiv_t f = mc_fdiv_make(d);
+    for (int n = 0; n < 4096 && d <= 4096; n++)
+      if ((uint32_t)mc_fdiv(n, f) != (uint32_t)n / d) {
+        fprintf(stderr, "mc_fdiv(%d, %u) = %d\n", n, d, mc_fdiv(n, f));
+        MC_CHECK(0);
+      }
+    for (uint64_t k = 1; k * d < (1ull << 31); k = k * 2 + 1)
+      for (int e = -1; e <= 1; e++) {
+        const uint64_t n = k * d + (uint64_t)(int64_t)e;
+        if (n < (1ull << 31) && (uint32_t)mc_fdiv((int)n, f) != (uint32_t)(n / d)) {
+          fprintf(stderr, "mc_fdiv(%llu, %u) = %d\n", (unsigned long long)n, d, mc_fdiv((int)n, f));
+          MC_CHECK(0);
+        }
+      }
+    for (int r = 0; r < 64; r++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const int n = (int)(x >> 33);
+      MC_CHECK((uint32_t)mc_fdiv(n, f) == (uint32_t)n / d);
+    }
+    MC_CHECK((uint32_t)mc_fdiv(0x7fffffff, f) == 0x7fffffffu / d);
+  }
+  return 0;
+}
+
 int test_buffer_memory(void) {
   /* Receive buffers grow with num_groups x max_tokens and world_size x
    * max_tokens x hidden, never with num_experts x max_tokens x hidden. */

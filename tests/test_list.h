@@ -47,6 +47,7 @@ MC_TEST(stall_thread)
 MC_TEST(stall_process)
 MC_TEST(wire_bytes)
 MC_TEST(buffer_memory)
+MC_TEST(layout_division)
 /* careless and unlucky use */
 MC_TEST(window_too_big)
 MC_TEST(use_after_destroy)

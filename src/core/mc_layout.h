@@ -100,6 +100,28 @@ typedef struct mc_record_header {
 } mc_record_header_t;
 
 /* Everything sizes derive from. Filled once from the a2a config. */
+/* n / d for n < 2^31 and a divisor d >= 1 fixed for a handle, as a
+ * multiply-high, an add and a shift (round-up method, the magic made once
+ * by mc_fdiv_make): a GPU kernel's division by a runtime value is a dozen
+ * dependent instructions, on the path of the loads that wait for it. */
+typedef struct mc_fdiv {
+  uint32_t mul, shift;
+} mc_fdiv_t;
+MC_HD mc_fdiv_t mc_fdiv_make(uint32_t d) {
+  uint32_t l = 0;
+  if (d == 0) d = 1; /* a shape refused later (mc_a2a_create checks it) */
+  while ((1ull << l) < d) l++; /* ceil(log2 d) */
+  const mc_fdiv_t f = {(uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1), l};
+  return f;
+}
+MC_HD int mc_fdiv(int n, mc_fdiv_t f) {
+  const uint32_t t = (uint32_t)(((uint64_t)(uint32_t)n * f.mul) >> 32);
+  return (int)((t + (uint32_t)n) >> f.shift); /* t <= n < 2^31: no overflow */
+}
+
+/* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
+#define MC_SEG_BYTES 2048u
+
 typedef struct mc_shape {
   int world_size, group_size, num_experts, topk, max_tokens, hidden;
   uint64_t token_bytes, scale_bytes, in_elem_bytes;
@@ -109,6 +131,9 @@ typedef struct mc_shape {
   int num_local_experts, num_groups, src_cap;
   int layout, expert_align; /* the receive layout (MC_LAYOUT_*) and the sorted layout's alignment */
   int prep_warps;           /* the GPU prep's scanning warps per chunk (mc_prep_warps_of) */
+  /* the GPU kernels' divisors: group size, local experts, a token's
+   * payload pieces (mc_token_segs), a row's segments (mc_row_segs) */
+  mc_fdiv_t div_group, div_local, div_tsegs, div_rsegs;
 } mc_shape_t;
 
 /* The GPU prep (src/gpu/mc_gpu_prep.cuh) keeps a lane mask per scanning
@@ -134,7 +159,11 @@ MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, 
   mc_shape_t s = {world_size, group_size, num_experts, topk, max_tokens, hidden, token_bytes, scale_bytes,
                   in_elem_bytes, num_experts / world_size, world_size / group_size,
                   (max_tokens + group_size - 1) / group_size, layout, expert_align,
-                  mc_prep_warps_of(num_experts, world_size)};
+                  mc_prep_warps_of(num_experts, world_size), {0, 0}, {0, 0}, {0, 0}, {0, 0}};
+  s.div_group = mc_fdiv_make((uint32_t)group_size);
+  s.div_local = mc_fdiv_make((uint32_t)(num_experts / world_size));
+  s.div_tsegs = mc_fdiv_make((uint32_t)((token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES));
+  s.div_rsegs = mc_fdiv_make((uint32_t)(((uint64_t)hidden * in_elem_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES));
   return s;
 }
 
@@ -148,11 +177,13 @@ MC_HD int mc_expert_capacity(const mc_shape_t *s) { return mc_num_groups(s) * s-
 
 /* The contiguous chunk of a group's m tokens that group member `member` sends. */
 MC_HD void mc_send_chunk(const mc_shape_t *s, int m, int member, int *begin, int *end) {
-  int chunk = (m + s->group_size - 1) / s->group_size;
+  int chunk = mc_fdiv(m + s->group_size - 1, s->div_group);
   int b = member * chunk, e = b + chunk;
   *begin = b < m ? b : m;
   *end = e < m ? e : m;
 }
+/* A rank's place in its group. */
+MC_HD int mc_group_member(const mc_shape_t *s, int rank) { return rank - mc_fdiv(rank, s->div_group) * s->group_size; }
 
 /* ---- records ---- */
 MC_HD uint64_t mc_header_bytes(const mc_shape_t *s) {
@@ -244,8 +275,6 @@ MC_HD int64_t mc_packed_rows(const mc_shape_t *s, const unsigned char *meta0, co
 }
 
 MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
-/* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
-#define MC_SEG_BYTES 2048u
 MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
 /* ... and a token's payload: a GPU record crosses as this many payload
  * pieces (the last also carries the scales) and one header piece, each
@@ -306,12 +335,19 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
 }
 
 /* ---- private workspace (never written by peers) ----
+ * The fixed-size regions every GPU kernel reads first come first, so that
+ * their offsets are constants or one product, not a chain of sums over the
+ * shape (each kernel's first loads wait for that arithmetic):
+ *   scalars   MC_WS_NSCALARS uint32 (MC_WS_*): state the GPU kernels hand
+ *             each other through device memory, so a captured graph replays
+ *   stats     MC_WS_NSTATS uint64: what was sent, counted on the device
+ *   round     uint64: the GPU kernels' round number
+ *   seen      [MC_SIG_COUNT][world_size] uint64 running totals already consumed
+ *   expect    [world_size] uint32 combine rows expected from each rank this round
  *   route     [world_size * src_cap] entries: what dispatch-recv learnt of each
  *             received record, for combine-send (source, token, slots, weights)
  *   dests     [max_tokens][topk] uint16 destination ranks of each token of my
  *             group, ascending, and n_dests [max_tokens] uint16
- *   seen      [MC_SIG_COUNT][world_size] uint64 running totals already consumed
- *   expect    [world_size] uint32 combine rows expected from each rank this round
  *   base      [world_size][num_local_experts] uint32: first slot of each
  *             (source, local expert) in expert_x this round
  *   sendcnt   [world_size + num_experts] uint32: dispatch-send's records per
@@ -319,10 +355,6 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *   acc       [hidden] float: one fp32 row being summed (cpu transport)
  *   ridx      [src_cap][topk] uint32: for each token this rank sends, its
  *             record index at each destination (GPU: prep -> send kernel)
- *   scalars   MC_WS_NSCALARS uint32 (MC_WS_*): state the GPU kernels hand
- *             each other through device memory, so a captured graph replays
- *   stats     MC_WS_NSTATS uint64: what was sent, counted on the device
- *   round     uint64: the GPU kernels' round number
  *   rowdone   [world_size * src_cap] uint32: segments of each combine row
  *             written so far (GPU: the last segment's warp signals the row)
  *   pcount    [ceil(max_tokens / MC_PREP_MIN_CHUNK)][num_experts + 2 * world_size]
@@ -330,6 +362,7 @@ MC_HD uint64_t mc_window_bytes(const mc_shape_t *s) {
  *             block each), per expert, per destination rank and per rank
  *             rows are expected back from; the last block turns them into
  *             each chunk's bases
+ *   load, mask, mask_calls: below
  */
 enum {
   MC_WS_M_EFF = 0,  /* valid tokens of this round (bound_m applied) */
@@ -368,23 +401,32 @@ typedef struct mc_route_entry {
 MC_HD uint64_t mc_route_entry_bytes(const mc_shape_t *s) {
   return mc_align_up(4 * sizeof(int32_t) + (uint64_t)s->topk * sizeof(mc_target_t), MC_ALIGN);
 }
+MC_HD uint64_t mc_ws_scalars_off(const mc_shape_t *s) {
+  (void)s;
+  return 0;
+}
+MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
+  return mc_ws_scalars_off(s) + mc_align_up(MC_WS_NSCALARS * sizeof(uint32_t), MC_ALIGN);
+}
+/* The round number (uint64, never wraps), bumped on the device by
+ * dispatch-send, so a captured CUDA graph replays correctly. */
+MC_HD uint64_t mc_ws_round_off(const mc_shape_t *s) { return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t); }
+MC_HD uint64_t mc_ws_seen_off(const mc_shape_t *s) {
+  return mc_align_up(mc_ws_round_off(s) + sizeof(uint64_t), MC_ALIGN);
+}
+MC_HD uint64_t mc_ws_expect_off(const mc_shape_t *s) {
+  return mc_ws_seen_off(s) + mc_align_up((uint64_t)MC_SIG_COUNT * s->world_size * sizeof(uint64_t), MC_ALIGN);
+}
 MC_HD uint64_t mc_ws_route_off(const mc_shape_t *s, int i) {
-  return (uint64_t)i * mc_route_entry_bytes(s);
+  return mc_ws_expect_off(s) + mc_align_up((uint64_t)s->world_size * sizeof(uint32_t), MC_ALIGN) +
+         (uint64_t)i * mc_route_entry_bytes(s);
 }
-MC_HD uint64_t mc_ws_dests_off(const mc_shape_t *s) {
-  return (uint64_t)s->world_size * mc_src_cap(s) * mc_route_entry_bytes(s);
-}
+MC_HD uint64_t mc_ws_dests_off(const mc_shape_t *s) { return mc_ws_route_off(s, s->world_size * mc_src_cap(s)); }
 MC_HD uint64_t mc_ws_ndests_off(const mc_shape_t *s) {
   return mc_ws_dests_off(s) + mc_align_up((uint64_t)s->max_tokens * s->topk * sizeof(uint16_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_ws_seen_off(const mc_shape_t *s) {
-  return mc_ws_ndests_off(s) + mc_align_up((uint64_t)s->max_tokens * sizeof(uint16_t), MC_ALIGN);
-}
-MC_HD uint64_t mc_ws_expect_off(const mc_shape_t *s) {
-  return mc_ws_seen_off(s) + (uint64_t)MC_SIG_COUNT * s->world_size * sizeof(uint64_t);
-}
 MC_HD uint64_t mc_ws_base_off(const mc_shape_t *s) {
-  return mc_ws_expect_off(s) + mc_align_up((uint64_t)s->world_size * sizeof(uint32_t), MC_ALIGN);
+  return mc_ws_ndests_off(s) + mc_align_up((uint64_t)s->max_tokens * sizeof(uint16_t), MC_ALIGN);
 }
 MC_HD uint64_t mc_ws_sendcnt_off(const mc_shape_t *s) {
   return mc_ws_base_off(s) +
@@ -397,16 +439,9 @@ MC_HD uint64_t mc_ws_acc_off(const mc_shape_t *s) {
 MC_HD uint64_t mc_ws_ridx_off(const mc_shape_t *s) {
   return mc_ws_acc_off(s) + mc_align_up((uint64_t)s->hidden * sizeof(float), MC_ALIGN);
 }
-MC_HD uint64_t mc_ws_scalars_off(const mc_shape_t *s) {
+MC_HD uint64_t mc_ws_rowdone_off(const mc_shape_t *s) {
   return mc_ws_ridx_off(s) + mc_align_up((uint64_t)mc_src_cap(s) * s->topk * sizeof(uint32_t), MC_ALIGN);
 }
-MC_HD uint64_t mc_ws_stats_off(const mc_shape_t *s) {
-  return mc_ws_scalars_off(s) + mc_align_up(MC_WS_NSCALARS * sizeof(uint32_t), MC_ALIGN);
-}
-/* The round number (uint64, never wraps), bumped on the device by
- * dispatch-send, so a captured CUDA graph replays correctly. */
-MC_HD uint64_t mc_ws_round_off(const mc_shape_t *s) { return mc_ws_stats_off(s) + MC_WS_NSTATS * sizeof(uint64_t); }
-MC_HD uint64_t mc_ws_rowdone_off(const mc_shape_t *s) { return mc_ws_round_off(s) + sizeof(uint64_t); }
 /* The prep kernel's chunks hold at least this many tokens (one warp's). */
 #define MC_PREP_MIN_CHUNK 32
 MC_HD uint64_t mc_ws_pcount_off(const mc_shape_t *s) {

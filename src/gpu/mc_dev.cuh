@@ -65,6 +65,21 @@ MC_DEV void mc_word_store(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
   if (a->gpu_scope) asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
   else asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+/* A load issued where it stands in the code, before a branch that follows
+ * it: a relaxed load at gpu scope in asm volatile, which neither compiler
+ * sinks past the branch (weak loads beside an early return on one of them
+ * were issued only after it: a second round trip). For words written by
+ * kernels launched before. */
+MC_DEV uint32_t mc_ld_now_u32(const void *p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+MC_DEV uint64_t mc_ld_now_u64(const void *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
 MC_DEV uint64_t mc_word_load(const mc_kargs_t *a, const uint64_t *p) {
   uint64_t v;
   if (a->gpu_scope) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -280,16 +295,25 @@ MC_DEV void mc_warp_piece16_to(unsigned char *const *dst, int n, uint64_t off, c
   mc_warp_piece_load(v, src, bytes, lane);
   mc_warp_piece_store(dst, n, off, v, bytes, lane);
 }
-/* The same for bytes a multiple of 4 (scales), 512 bytes a pass. */
+/* The same for bytes a multiple of 4 (scales), 512 bytes a pass: the
+ * words [b, b + 128) of cnt, 4 a lane. The first pass may be loaded early
+ * (mc_warp_scales_first), beside a piece's payload, and handed in as
+ * first: a load after the payload's stores would be one more memory
+ * latency on the copy's path (NULL: loaded here). */
+MC_DEV void mc_warp_pass4_load(int *v, const int *s, uint64_t b, uint64_t cnt, int lane, const int *first) {
+#pragma unroll
+  for (int q = 0; q < 4; q++)
+    if (b + lane + 32u * q < cnt) v[q] = b == 0 && first ? first[q] : s[b + lane + 32 * q];
+}
+MC_DEV void mc_warp_scales_first(int *v, const void *src, uint64_t bytes, int lane) {
+  mc_warp_pass4_load(v, (const int *)src, 0, bytes / 4, lane, NULL);
+}
 MC_DEV void mc_warp_piece4_to(unsigned char *const *dst, int n, uint64_t off, const void *src, uint64_t bytes,
-                              int lane) {
-  const int *s = (const int *)src;
+                              int lane, const int *first) {
   const uint64_t cnt = bytes / 4;
   for (uint64_t b = 0; b < cnt; b += 128) {
     int v[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-      if (b + lane + 32u * q < cnt) v[q] = s[b + lane + 32 * q];
+    mc_warp_pass4_load(v, (const int *)src, b, cnt, lane, first);
     for (int j = 0; j < n; j++) {
       int *d = (int *)(dst[j] + off);
 #pragma unroll
@@ -307,7 +331,7 @@ MC_DEV void mc_warp_copy16(void *dst, const void *src, uint64_t bytes, int lane)
 }
 MC_DEV void mc_warp_copy4(void *dst, const void *src, uint64_t bytes, int lane) {
   unsigned char *d = (unsigned char *)dst;
-  mc_warp_piece4_to(&d, 1, 0, src, bytes, lane);
+  mc_warp_piece4_to(&d, 1, 0, src, bytes, lane, NULL);
 }
 
 MC_DEV uint32_t *mc_ws_u32(const mc_kargs_t *a, uint64_t off) { return (uint32_t *)(a->ws + off); }

@@ -74,15 +74,22 @@ typedef struct mc_csend_pre {
 MC_DEV mc_csend_pre_t mc_csend_prefetch(const mc_kargs_t &a) {
   const mc_shape_t *s = &a.s;
   const int lane = threadIdx.x & 31, most = s->world_size * mc_src_cap(s) - 1;
-  const int i = (int)blockIdx.x / mc_row_segs(s) < most ? (int)blockIdx.x / mc_row_segs(s) : most;
+  const int b = mc_fdiv((int)blockIdx.x, s->div_rsegs), i = b < most ? b : most;
   const uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
   mc_csend_pre_t p;
-  p.bad = sc[MC_WS_BAD];
-  p.n_route = sc[MC_WS_N_ROUTE];
-  p.round = *mc_ws_round(&a);
-  p.mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
-  p.n = r->n_targets, p.src_rank = r->src_rank, p.token = r->token;
+  p.bad = mc_ld_now_u32(&sc[MC_WS_BAD]);
+  p.n_route = mc_ld_now_u32(&sc[MC_WS_N_ROUTE]);
+  p.round = mc_ld_now_u64(mc_ws_round(&a));
+  p.mine = mc_target_t{0, 0, 0.0f};
+  if (lane < s->topk) {
+    p.mine.expert = (int32_t)mc_ld_now_u32(&r->targets[lane].expert);
+    p.mine.pos = (int32_t)mc_ld_now_u32(&r->targets[lane].pos);
+    p.mine.weight = __uint_as_float(mc_ld_now_u32(&r->targets[lane].weight));
+  }
+  p.n = (int32_t)mc_ld_now_u32(&r->n_targets);
+  p.src_rank = (int32_t)mc_ld_now_u32(&r->src_rank);
+  p.token = (int32_t)mc_ld_now_u32(&r->token);
   return p;
 }
 
@@ -90,9 +97,9 @@ MC_DEV void mc_csend_block_item(const mc_kargs_t &a, const mc_csend_pre_t &pre, 
                                 uint32_t *count, uint32_t *rowdone) {
   const mc_shape_t *s = &a.s;
   const int G = s->group_size, cap = mc_expert_capacity(s);
-  const int i = (int)blockIdx.x / mc_row_segs(s);
+  const int i = mc_fdiv((int)blockIdx.x, s->div_rsegs);
   const mc_target_t mine = pre.mine;
-  const int n = pre.n, first = (pre.src_rank / G) * G;
+  const int n = pre.n, first = mc_fdiv(pre.src_rank, s->div_group) * G;
   if (threadIdx.x == 0) mc_trace_after(&a, MC_TK_CSEND, 0, (uint32_t)n);
   const uint64_t row_bytes = mc_row_bytes(s), dst_off = mc_comb_recv_off(s, a.rank, pre.token);
   const uint64_t off = (uint64_t)sg * MC_SEG_BYTES + 8u * threadIdx.x; /* this thread's bytes of the row */
@@ -165,15 +172,15 @@ MC_DEV void mc_combine_send_body(const mc_kargs_t &a, const int masking, const i
   const int items = n_route * segs;
   const bool per_block = items <= (int)gridDim.x; /* the same in every block */
   if (per_block && (int)blockIdx.x < items)
-    mc_csend_block_item(a, pre, (int)blockIdx.x % segs, dt, count, rowdone);
+    mc_csend_block_item(a, pre, (int)blockIdx.x - mc_fdiv((int)blockIdx.x, s->div_rsegs) * segs, dt, count, rowdone);
   const int gw = (int)(threadIdx.x >> 5) * (int)gridDim.x + (int)blockIdx.x, nw = (gridDim.x * blockDim.x) >> 5;
   for (int it = per_block ? items : gw; it < items; it += nw) {
-    const int i = it / segs, sg = it % segs;
+    const int i = mc_fdiv(it, s->div_rsegs), sg = it - i * segs;
     const mc_route_entry_t *r = (const mc_route_entry_t *)(a.ws + mc_ws_route_off(s, i));
     /* the entry and its targets in one round trip: lane k loads the k-th
      * (those past n_targets are not used) */
     const mc_target_t mine = lane < s->topk ? r->targets[lane] : mc_target_t{0, 0, 0.0f};
-    const int n = r->n_targets, first = (r->src_rank / G) * G;
+    const int n = r->n_targets, first = mc_fdiv(r->src_rank, s->div_group) * G;
     const uint64_t dst_off = mc_comb_recv_off(s, a.rank, r->token);
     unsigned char *stage = a.win + mc_comb_send_off(s, i);
     const mc_seg_t seg = {(int64_t)sg * seg_groups, seg_groups, row_groups, lane};
@@ -268,7 +275,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   /* the route of each warp's first token (written by dispatch) loaded
    * while the rows are awaited, not after */
   int nd0 = 0, d00 = 0;
-  if (gw < m_eff * segs) nd0 = n_dests[gw / segs], d00 = dests[(int64_t)(gw / segs) * K];
+  if (gw < m_eff * segs) nd0 = n_dests[mc_fdiv(gw, s->div_rsegs)], d00 = dests[(int64_t)mc_fdiv(gw, s->div_rsegs) * K];
   for (int src = tid; src < W; src += blockDim.x)
     if (mc_dev_wait_ge(&a, mc_sig_local(&a, MC_SIG_COMB_ROWS, src), mc_rows_target(a, src), MC_PHASE_CRECV, src,
                        MC_SIG_COMB_ROWS, round))
@@ -285,7 +292,7 @@ MC_DEV void mc_combine_recv_body(const mc_kargs_t &a, const int masking, const i
   const int64_t seg_groups = mc_seg_groups(dt), row_groups = s->hidden / 8;
   /* one warp per (token, segment): four 8-element groups per lane in flight */
   for (int it = gw; it < m_eff * segs; it += nw) {
-    const int t = it / segs, sg = it % segs;
+    const int t = mc_fdiv(it, s->div_rsegs), sg = it - t * segs;
     const uint16_t *d = dests + (int64_t)t * K;
     const bool first = it == gw;
     const int nd = first ? nd0 : n_dests[t];

@@ -241,7 +241,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   int waited_src = -1;
   for (int it = gw; it < items * G; it += nw) {
     const int g = it % G, ii = it / G;
-    const int i = ii / I, j0 = (ii % I) * P, j1 = j0 + P < S ? j0 + P : S;
+    const int i = mc_fdiv(ii, a.div_items), j0 = (ii - i * I) * P, j1 = j0 + P < S ? j0 + P : S;
     int src = 0, hi = W - 1; /* the last source whose records start at or before i */
     while (src < hi) {
       const int mid = (src + hi + 1) / 2;
@@ -264,6 +264,8 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
     const uint32_t bytes0 = mc_token_seg_bytes(s, j0);
     int4 v[4];
     mc_warp_piece_load(v, rec + poff + po0, bytes0, lane);
+    int sv[4]; /* the item of the last piece: the scales' first pass, loaded with it */
+    if (j1 == S && s->scale_bytes) mc_warp_scales_first(sv, rec + soff, s->scale_bytes, lane);
     /* lane k reads target k: this rank's experts among them, ascending id */
     mc_target_t tg = {0, 0, 0.0f};
     int here = 0, l = 0, slot = 0;
@@ -295,7 +297,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
         mc_warp_piece_store(&x, 1, po, v, bytes, lane);
         if (j == S - 1 && s->scale_bytes) {
           unsigned char *sd = (unsigned char *)a.expert_scale + at * s->scale_bytes;
-          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane);
+          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane, sv);
         }
       }
     }

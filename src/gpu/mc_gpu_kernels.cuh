@@ -88,7 +88,7 @@ MC_DEV void mc_dispatch_pack(const mc_kargs_t &a) {
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
   int begin, end;
-  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
+  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], mc_group_member(s, a.rank), &begin, &end);
   for (int t = begin + gw; t < end; t += nw) {
     unsigned char *rec = a.win + mc_disp_send_off(s, t - begin);
     if (a.quant) { /* the payload and scales made part by part from the bf16 row */
@@ -206,7 +206,7 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
    * (qq 0) counts the piece, and the block's signal follows all four */
   const int per = quant ? MC_QUANT_WARPS : 1;
   for (int it = gw; it < (end - begin) * S * per; it += nw) {
-    const int pc = it / per, qq = it % per, tt = pc / S, j = pc % S, t = begin + tt;
+    const int pc = it / per, qq = it % per, tt = mc_fdiv(pc, s->div_tsegs), j = pc - tt * S, t = begin + tt;
     const unsigned char *rec = a.win + mc_disp_send_off(s, tt); /* staging (chunked path) */
     const uint64_t po = (uint64_t)j * MC_SEG_BYTES;
     const uint32_t bytes = mc_token_seg_bytes(s, j);
@@ -215,6 +215,11 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
     uint32_t qsc = 0; /* quantising: the scale of the part's block */
     if (quant) mc_quant_part(a, t, j, bytes, qq, lane, &v[0], &qsc);
     else mc_warp_piece_load(v, (const unsigned char *)a.tokens + (uint64_t)t * s->token_bytes + po, bytes, lane);
+    /* the last piece's warp: the scales' first pass loaded with the piece */
+    const bool with_scales = !quant && j == S - 1 && s->scale_bytes;
+    const unsigned char *scales = (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes;
+    int sv[4];
+    if (with_scales) mc_warp_scales_first(sv, scales, s->scale_bytes, lane);
     const int first = qq == 0 && j == 0; /* the warp that brings the header */
     int at = 0; /* one launch, piece 0: this lane's target of the header */
     const mc_target_t tg = !hdr_staged && first ? mc_header_target(a, K, tab, t, tt, &at) : mc_target_t{0, 0, 0.0f};
@@ -243,9 +248,7 @@ MC_DEV void mc_dispatch_send_pieces(const mc_kargs_t &a, const int K, const int 
         continue;
       }
       mc_warp_piece_store(&dst, 1, poff + po, v, bytes, lane);
-      if (j == S - 1 && s->scale_bytes)
-        mc_warp_piece4_to(&dst, 1, soff, (const unsigned char *)a.scales + (uint64_t)t * s->scale_bytes,
-                          s->scale_bytes, lane);
+      if (with_scales) mc_warp_piece4_to(&dst, 1, soff, scales, s->scale_bytes, lane, sv);
     }
     if (lane == 0) mc_trace_after(&a, MC_TK_DSEND, 4, (uint32_t)v[0].x); /* the piece's stores issued */
   }
@@ -264,7 +267,7 @@ MC_DEV void mc_dispatch_send_body(const mc_kargs_t &a, const int masking, const 
   __syncthreads();
   const uint64_t round = *mc_ws_round(&a);
   int begin, end;
-  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], a.rank % s->group_size, &begin, &end);
+  mc_send_chunk(s, (int)sc[MC_WS_M_EFF], mc_group_member(s, a.rank), &begin, &end);
   mc_dispatch_send_pieces(a, s->topk, quant, mc_tab_global(a), begin, end, 1, 0, gridDim.x, sent);
   /* metas to every rank (zero records included), one warp per rank, from
    * the end of the grid: word by word where stored directly (each word
@@ -310,7 +313,7 @@ MC_DEV void mc_dispatch_send_one_body(const mc_kargs_t &a, const int K, const in
   if (m_eff >= 0) { /* else refused: every block saw it, block 0 recorded it */
     extern __shared__ uint32_t smem[];
     int begin, end;
-    mc_send_chunk(s, m_eff, a.rank % s->group_size, &begin, &end);
+    mc_send_chunk(s, m_eff, mc_group_member(s, a.rank), &begin, &end);
     mc_trace_start(&a, MC_TK_DSEND);
     if (blockIdx.x != 0 || nb == 1) mc_trace_point(&a, MC_TK_DSEND, 2);
     uint32_t *sent = mc_one_sent(smem, s);

@@ -262,7 +262,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
         mc_warp_piece_store(&x, 1, po, v, bytes, lane);
         if (j == S - 1 && s->scale_bytes) {
           unsigned char *sd = (unsigned char *)a.expert_scale + (uint64_t)r * s->scale_bytes;
-          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane);
+          mc_warp_piece4_to(&sd, 1, 0, rec + soff, s->scale_bytes, lane, NULL);
         }
       }
     }

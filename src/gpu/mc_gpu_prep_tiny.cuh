@@ -34,6 +34,12 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
    * blocks find SMs. */
   mc_pdl_launch_dependents();
   mc_trace_start(&a, MC_TK_PREP);
+  /* warp 0's ids first: their load is the prep's one memory latency, and
+   * the zeroing goes on meanwhile */
+  const int t = lane / K, k = lane - t * K;
+  const bool on = tid < 32 && lane < m * K;
+  int64_t v = -1; /* (the weights: the send step's, into the headers) */
+  if (on) v = a.ids64 ? ((const int64_t *)a.indices)[lane] : (int64_t)((const int32_t *)a.indices)[lane];
   for (int i = tid; i < C + W; i += blockDim.x)
     smem[i] = 0;
   for (int i = tid; i < W; i += blockDim.x)
@@ -42,10 +48,6 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
   mc_trace_point(&a, MC_TK_PREP, 1);
   if (tid < 32) {
     const uint32_t all = 0xffffffffu, lt = mc_lanemask_lt();
-    const int t = lane / K, k = lane - t * K;
-    const bool on = lane < m * K;
-    int64_t v = -1; /* (the weights: the send step's, into the headers) */
-    if (on) v = a.ids64 ? ((const int64_t *)a.indices)[lane] : (int64_t)((const int32_t *)a.indices)[lane];
     const uint32_t tok = on ? ((1u << K) - 1u) << (t * K) : 0u;         /* this token's lanes */
     const uint32_t same = __match_any_sync(all, (unsigned long long)v); /* lanes with this id */
     if (lane == 0) mc_trace_after(&a, MC_TK_PREP, 6, same);
@@ -56,7 +58,7 @@ MC_DEV int mc_prep_tiny(const mc_kargs_t &a, const int K, const uint64_t round, 
       if (lane == __ffs(badm) - 1 && blockIdx.x == 0)
         mc_dev_refuse(a.err, oor ? MC_DEVERR_BAD_EXPERT : MC_DEVERR_DUP_EXPERT, t, k, (int)(int32_t)v, 0, (uint64_t)v);
     } else {
-      const int rk = on ? (int)v / L : -1;
+      const int rk = on ? mc_fdiv((int)v, s->div_local) : -1;
       /* every lane takes part in each warp vote: one behind a short-circuit
        * would leave the others waiting in it for ever */
       const uint32_t same_r = __match_any_sync(all, rk);
