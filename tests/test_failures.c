@@ -102,9 +102,10 @@ int test_wire_bytes(void) {
   return 0;
 }
 
-/* The kernels' divisions by a handle's divisors (mc_fdiv): n / d for every
- * n below 4096 and d up to 4096, at and around every multiple of d up to
- * 2^31, and at random n, for d up to 2^20 and at 2^31 - 1. */
+/* The kernels' divisions by a handle's divisors (mc_fdiv), for every d up
+ * to 4096 and then d growing by half up to 2^20: n / d for every n below
+ * 4096 (d <= 4096), at and around k d for k = 1, 3, 7, 15 ... below 2^31,
+ * at random n and at n = 2^31 - 1. */
 int test_layout_division(void) {
   uint64_t x = 0x9e3779b97f4a7c15ull; /* a fixed stream: every run checks the same values */
   for (uint32_t d = 1; d <= (1u << 20); d = d < 4096 ? d + 1 : d * 3 / 2) {

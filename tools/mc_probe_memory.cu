@@ -302,13 +302,14 @@ static __global__ void __launch_bounds__(512) pr_k_count(unsigned *ctr, int tria
 }
 
 /* ---- 16. a launch's first loads ----
- * One thread of a fresh launch of one block reads a word of a 2 MB page
- * that is in L2 (the launch before read it too), then a word of another
- * line of that page (its address depends on the first's value, 0), then
- * the first word again; ld.global.cg, so L2 every time, never L1. Timed
- * after a launch that read a word of each of 256 other 2 MB pages on every
- * SM, as a round's other kernels read their own buffers, and after nothing
- * but its own launch before. */
+ * One warp of a fresh launch of one block (its lanes on one word: one
+ * request) reads a word of a 2 MB page that is in L2 (the launch before
+ * read it too), then a word of another line of that page (its address
+ * depends on the first's value, 0), then the first word again;
+ * ld.global.cg, so L2 every time, never L1. Timed after a launch that read
+ * a word of each of 256 other 2 MB pages on every SM, as a round's other
+ * kernels read their own buffers, and after nothing but its own launch
+ * before. */
 static __global__ void pr_k_touch(const uint64_t *buf, uint64_t stride_words, int pages, uint64_t *sink) {
   uint64_t acc = 0;
   for (int i = threadIdx.x; i < pages; i += blockDim.x)
@@ -323,7 +324,7 @@ static __global__ void pr_k_first_load(const uint64_t *a, int n, int i, uint64_t
   const uint64_t t2 = pr_clock_after(w);
   const uint64_t x = pr_ld_cg(a + w);
   const uint64_t t3 = pr_clock_after(x);
-  if (i >= 0) out[i] = t1 - t0, out[n + i] = t2 - t1, out[2 * n + i] = t3 - t2;
+  if (threadIdx.x == 0 && i >= 0) out[i] = t1 - t0, out[n + i] = t2 - t1, out[2 * n + i] = t3 - t2;
 }
 
 /* ---- the host side ---- */
@@ -421,7 +422,7 @@ void pr_first_loads(pr_t *p) {
       char st[40], wh[200];
       if (k) CK(cudaMemcpy(p->out, p->out + (size_t)k * n, sizeof *p->out * (size_t)n, cudaMemcpyDeviceToDevice));
       snprintf(st, sizeof st, "%s.%s", step[k], after[v]);
-      snprintf(wh, sizeof wh, "one thread: %s, %s (clock64)", which[k], what[v]);
+      snprintf(wh, sizeof wh, "one warp: %s, %s (clock64)", which[k], what[v]);
       pr_row_cycles(p, st, wh, n, 1);
     }
   }

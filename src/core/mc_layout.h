@@ -99,7 +99,6 @@ typedef struct mc_record_header {
   mc_target_t targets[1]; /* really topk of them, ascending expert id */
 } mc_record_header_t;
 
-/* Everything sizes derive from. Filled once from the a2a config. */
 /* n / d for n < 2^31 and a divisor d >= 1 fixed for a handle, as a
  * multiply-high, an add and a shift (round-up method, the magic made once
  * by mc_fdiv_make): a GPU kernel's division by a runtime value is a dozen
@@ -109,7 +108,7 @@ typedef struct mc_fdiv {
 } mc_fdiv_t;
 MC_HD mc_fdiv_t mc_fdiv_make(uint32_t d) {
   uint32_t l = 0;
-  if (d == 0) d = 1; /* a shape refused later (mc_a2a_create checks it) */
+  if (d == 0) d = 1; /* never in a shape mc_a2a_create accepts; a tool's shape divides by 1 */
   while ((1ull << l) < d) l++; /* ceil(log2 d) */
   const mc_fdiv_t f = {(uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1), l};
   return f;
@@ -122,6 +121,7 @@ MC_HD int mc_fdiv(int n, mc_fdiv_t f) {
 /* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
 #define MC_SEG_BYTES 2048u
 
+/* Everything sizes derive from. Filled once from the a2a config. */
 typedef struct mc_shape {
   int world_size, group_size, num_experts, topk, max_tokens, hidden;
   uint64_t token_bytes, scale_bytes, in_elem_bytes;
