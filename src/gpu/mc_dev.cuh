@@ -67,8 +67,8 @@ MC_DEV void mc_word_store(const mc_kargs_t *a, uint64_t *p, uint64_t v) {
 }
 /* A load issued where it stands in the code, before a branch that follows
  * it: a relaxed load at gpu scope in asm volatile, which neither compiler
- * sinks past the branch (weak loads beside an early return on one of them
- * were issued only after it: a second round trip). For words written by
+ * sinks past the branch (ptxas issues weak loads beside an early return on
+ * one of them only after it: a second round trip). For words written by
  * kernels launched before. */
 MC_DEV uint32_t mc_ld_now_u32(const void *p) {
   uint32_t v;
