@@ -118,9 +118,6 @@ MC_HD int mc_fdiv(int n, mc_fdiv_t f) {
   return (int)((t + (uint32_t)n) >> f.shift); /* t <= n < 2^31: no overflow */
 }
 
-/* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
-#define MC_SEG_BYTES 2048u
-
 /* Everything sizes derive from. Filled once from the a2a config. */
 typedef struct mc_shape {
   int world_size, group_size, num_experts, topk, max_tokens, hidden;
@@ -152,6 +149,15 @@ MC_HD int mc_prep_warps_of(int num_experts, int world_size) {
   return w < 1 ? 1 : (int)w;
 }
 
+/* GPU kernels walk a row in segments of MC_SEG_BYTES (32 lanes x 4 x 16 B). */
+#define MC_SEG_BYTES 2048u
+MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
+MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+/* ... and a token's payload: a GPU record crosses as this many payload
+ * pieces (the last also carries the scales) and one header piece, each
+ * stored by its own warp and counted in MC_SIG_DISP_RECS */
+MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+
 /* A shape with its derived fields: the only way to make one. */
 MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, int topk, int max_tokens, int hidden,
                                uint64_t token_bytes, uint64_t scale_bytes, uint64_t in_elem_bytes, int layout,
@@ -161,9 +167,9 @@ MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, 
                   (max_tokens + group_size - 1) / group_size, layout, expert_align,
                   mc_prep_warps_of(num_experts, world_size), {0, 0}, {0, 0}, {0, 0}, {0, 0}};
   s.div_group = mc_fdiv_make((uint32_t)group_size);
-  s.div_local = mc_fdiv_make((uint32_t)(num_experts / world_size));
-  s.div_tsegs = mc_fdiv_make((uint32_t)((token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES));
-  s.div_rsegs = mc_fdiv_make((uint32_t)(((uint64_t)hidden * in_elem_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES));
+  s.div_local = mc_fdiv_make((uint32_t)s.num_local_experts);
+  s.div_tsegs = mc_fdiv_make((uint32_t)mc_token_segs(&s));
+  s.div_rsegs = mc_fdiv_make((uint32_t)mc_row_segs(&s));
   return s;
 }
 
@@ -274,12 +280,6 @@ MC_HD int64_t mc_packed_rows(const mc_shape_t *s, const unsigned char *meta0, co
   return rows;
 }
 
-MC_HD uint64_t mc_row_bytes(const mc_shape_t *s) { return (uint64_t)s->hidden * s->in_elem_bytes; }
-MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
-/* ... and a token's payload: a GPU record crosses as this many payload
- * pieces (the last also carries the scales) and one header piece, each
- * stored by its own warp and counted in MC_SIG_DISP_RECS */
-MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
 /* The bytes of a token's segment j (the last one may be short). */
 MC_HD uint32_t mc_token_seg_bytes(const mc_shape_t *s, int j) {
   const uint64_t left = s->token_bytes - (uint64_t)j * MC_SEG_BYTES;
