@@ -157,6 +157,8 @@ MC_HD int mc_row_segs(const mc_shape_t *s) { return (int)((mc_row_bytes(s) + MC_
  * pieces (the last also carries the scales) and one header piece, each
  * stored by its own warp and counted in MC_SIG_DISP_RECS */
 MC_HD int mc_token_segs(const mc_shape_t *s) { return (int)((s->token_bytes + MC_SEG_BYTES - 1) / MC_SEG_BYTES); }
+/* ... and dispatch-recv's items a record: a warp copies `pieces` of its payload pieces an item */
+MC_HD int mc_record_items(const mc_shape_t *s, int pieces) { return (mc_token_segs(s) + pieces - 1) / pieces; }
 
 /* A shape with its derived fields: the only way to make one. */
 MC_HD mc_shape_t mc_shape_make(int world_size, int group_size, int num_experts, int topk, int max_tokens, int hidden,

@@ -66,7 +66,7 @@ typedef struct mc_kargs {
   int staged;  /* 1: some peer is reached only by puts (its metas come signalled: mc_wait_meta_word) */
   int gpu_scope; /* 1: every rank on this GPU, no NVSHMEM puts: signals at gpu scope (mc_dev.cuh) */
   int recv_pieces; /* dispatch-recv: payload pieces a warp copies per item (mc_gpu_kernels.cuh) */
-  mc_fdiv_t div_items; /* dispatch-recv: by a record's items, ceil(mc_token_segs / recv_pieces) */
+  mc_fdiv_t div_items; /* dispatch-recv: by a record's items (mc_record_items) */
   int quant;       /* 0: tokens are the payload; 1, 2: bf16 rows quantised to e4m3 with fp32 (1)
                       or UE8M0 (2) scales on the way (mc_gpu_quant.cuh) */
   int nap_max;     /* ns: the longest nap between polls (mc_dev_wait_ge) */

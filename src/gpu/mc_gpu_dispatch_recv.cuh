@@ -222,7 +222,7 @@ MC_DEV void mc_dispatch_recv_body(const mc_kargs_t &a, const int masking, const 
   const mc_shape_t *s = &a.s;
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), cap = mc_expert_capacity(s);
   const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
-  const int P = a.recv_pieces, I = (S + P - 1) / P; /* pieces per item, items per record */
+  const int P = a.recv_pieces, I = mc_record_items(s, P); /* pieces per item, items per record */
   extern __shared__ uint32_t smem[];
   uint64_t *seen = (uint64_t *)smem; /* [W] (dynamic shared memory is 16-byte aligned) */
   uint32_t *base = smem + 2 * W, *prefix = base + W * L; /* [W][L], [W+1] */

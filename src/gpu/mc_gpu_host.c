@@ -327,7 +327,7 @@ mc_result_t mc_gpu_prepare(mc_a2a_t *a2a, mc_kargs_t *ka, const mc_dispatch_args
    * pieces' extra header reads cost more than the extra warps bring);
    * either way the grid's spare warps share an item's slots */
   ka->recv_pieces = g->alone ? 1 : mc_token_segs(&a2a->shape);
-  ka->div_items = mc_fdiv_make((uint32_t)((mc_token_segs(&a2a->shape) + ka->recv_pieces - 1) / ka->recv_pieces));
+  ka->div_items = mc_fdiv_make((uint32_t)mc_record_items(&a2a->shape, ka->recv_pieces));
   ka->quant = a2a->cfg.dispatch_input != MC_INPUT_BF16_TO_E4M3 ? 0 : a2a->cfg.scale_format == MC_SCALE_UE8M0 ? 2 : 1;
   ka->mask = a2a->any_masked ? g->ws + mc_ws_mask_off(&a2a->shape) : NULL;
   ka->trace = g->trace;

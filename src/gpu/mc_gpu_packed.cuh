@@ -179,7 +179,7 @@ MC_DEV void mc_dispatch_recv_packed_body(const mc_kargs_t &a, const int masking,
   uint32_t *sc = mc_ws_u32(&a, mc_ws_scalars_off(s));
   const int W = s->world_size, K = s->topk, L = mc_num_local_experts(s), sorted = s->layout == MC_LAYOUT_EXPERT_SORTED;
   const int S = mc_token_segs(s), tid = threadIdx.x, lane = tid & 31;
-  const int P = a.recv_pieces, I = (S + P - 1) / P;
+  const int P = a.recv_pieces, I = mc_record_items(s, P);
   extern __shared__ uint32_t smem[];
   const mc_packed_smem_t m = mc_packed_carve(smem, s);
   const int r = mc_drecv_metas(a, masking, round, call, 1, 0, pre, m.seen, m.base, m.prefix, m.ecount);
