@@ -22,8 +22,10 @@ if [ "$mode" = ab ]; then
   # machines, or minutes apart, differ by a few us). Each TREE is a plain copy
   # of a source tree, best under a folder git ignores, e.g.
   #   mkdir -p build-trees/old && git archive REV | tar -x -C build-trees/old
-  # labelled by its folder's name; this tree is "new". Builds each (mc-bench,
-  # p2p only) in parallel, then runs every point for every tree in turn,
+  # labelled by its folder's name; this tree is "new". Builds each (mc-bench)
+  # in parallel as the default build is made (with NVSHMEM where it is
+  # found: the library is then compiled -rdc, and the p2p kernels' code with
+  # it, which changes their times), then runs every point for every tree in turn,
   # AB_REPS times (default 3). AB_RANKS: ranks (default 2: one per GPU on a
   # machine of two; more share GPUs under MPS; 1: a rank alone on its GPU).
   # AB_ENV: environment for every run (e.g. MC_TEST_SYS_SCOPE=1, the signals
@@ -54,7 +56,7 @@ if [ "$mode" = ab ]; then
   for t in "$@"; do d=$(cd "$t" && pwd) || exit 2; trees+=("$d"); done
   cd "$(dirname "$0")/.." || exit 2
   n=${AB_RANKS:-2}
-  cfg="-DMC_CUDA=ON -DMC_NVSHMEM=OFF -DMC_BUILD_TESTS=OFF -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
+  cfg="-DMC_CUDA=ON -DMC_BUILD_TESTS=OFF -DMC_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
   jobs=$(( $(nproc) / (${#trees[@]} + 1) )); [ "$jobs" -ge 1 ] || jobs=1
   b() { cmake -S "$1" -B "$2" $cfg > /dev/null && cmake --build "$2" --target mc-bench -j"$jobs" > /dev/null; }
   b . build-ab > "$out/build-new.log" 2>&1 &
