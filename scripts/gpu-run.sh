@@ -24,8 +24,8 @@ if [ "$mode" = ab ]; then
   #   mkdir -p build-trees/old && git archive REV | tar -x -C build-trees/old
   # labelled by its folder's name; this tree is "new". Builds each (mc-bench)
   # in parallel as the default build is made (with NVSHMEM where it is
-  # found: the library is then compiled -rdc, and the p2p kernels' code with
-  # it, which changes their times), then runs every point for every tree in turn,
+  # found, as users build it: how a tree compiles its kernels changes their
+  # times), then runs every point for every tree in turn,
   # AB_REPS times (default 3). AB_RANKS: ranks (default 2: one per GPU on a
   # machine of two; more share GPUs under MPS; 1: a rank alone on its GPU).
   # AB_ENV: environment for every run (e.g. MC_TEST_SYS_SCOPE=1, the signals
